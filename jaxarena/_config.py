@@ -1,0 +1,310 @@
+"""`ModelConfig`: every model dimension the arena sizing reads.
+
+Field names are those of the seed's Rust `ModelConfig` (spec §14.1) so the two can be compared
+line by line; defaults are the seed's serde defaults. Parsing HuggingFace `config.json` files
+lives in `_hf.py`; this module only holds the value type, its validation and the derived
+quantities the sizing formulas call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+__all__ = ["ConfigError", "ModelConfig", "LAYER_TYPES"]
+
+
+class ConfigError(ValueError):
+    """A model config (or a serve limit) is invalid.
+
+    Raised for a missing or mistyped JSON key, an unreadable file, a negative dimension, an
+    inconsistent head count and every other rule `ModelConfig` enforces. The message names the
+    field (and the file, when the config came from one).
+    """
+
+
+# HuggingFace layer-type strings we accept, and what each counts as. The seed's enum has five
+# kinds; the other spellings are the ones published configs use for the same things (`mamba` is
+# what Nemotron-H's `M` and Jamba's mamba layers are; the seed files them as linear attention).
+_ATTENTION_KINDS = frozenset(
+    {
+        "full_attention",
+        "sliding_attention",
+        "chunked_attention",
+        "sparse_attention",
+        "deepseek_sparse_attention",
+        "attention",
+    }
+)
+_SSM_KINDS = frozenset({"linear_attention", "mamba"})
+_OTHER_KINDS = frozenset({"moe", "mlp"})
+LAYER_TYPES: frozenset[str] = _ATTENTION_KINDS | _SSM_KINDS | _OTHER_KINDS
+
+# Integer fields with the seed's defaults (spec §14.1), in the seed's order.
+_INT_DEFAULTS: dict[str, int] = {
+    "num_hidden_layers": 0,
+    "intermediate_size": 0,
+    "vocab_size": 0,
+    "num_attention_heads": 0,
+    "num_key_value_heads": 0,
+    "head_dim": 0,
+    "linear_num_key_heads": 0,
+    "linear_key_head_dim": 0,
+    "linear_num_value_heads": 0,
+    "linear_value_head_dim": 0,
+    "num_experts": 0,
+    "zero_expert_num": 0,
+    "num_experts_per_tok": 1,
+    "moe_intermediate_size": 0,
+    "shared_expert_intermediate_size": 0,
+    "moe_latent_size": 0,
+    "full_attention_interval": 1,
+    "mamba_num_heads": 0,
+    "mamba_head_dim": 0,
+    "ssm_state_size": 0,
+    "n_groups": 0,
+    "kv_lora_rank": 0,
+    "q_lora_rank": 0,
+    "qk_rope_head_dim": 0,
+    "o_lora_rank": 0,
+    "o_groups": 0,
+    "hc_mult": 0,
+    "hc_lowrank": 0,
+    "index_n_heads": 0,
+    "index_head_dim": 0,
+    "index_topk": 0,
+    "index_compress_ratio": 0,
+    "adapter_max_rank": 0,
+}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """The model dimensions the buffer sizing reads, named as the seed's Rust `ModelConfig`.
+
+    Every field but `hidden_size` has the seed's default, so any subset of keywords works:
+    `ModelConfig(hidden_size=4096, num_attention_heads=32, num_key_value_heads=8,
+    head_dim=128)`. Zero is legal for every count (a pure Mamba model has no attention heads).
+
+    The instance is frozen and hashable, so it can be a static argument of `jax.jit`.
+
+    Layer structure: `layer_types` is a tuple of HuggingFace layer-type strings
+    (`"full_attention"`, `"sliding_attention"`, `"linear_attention"`, `"mamba"`, `"moe"`,
+    `"mlp"`, ...; see `LAYER_TYPES`). When it is empty the seed's fallback applies: every
+    `full_attention_interval`-th layer is attention and the rest are SSM layers.
+
+    `model_type` and `source` are informational (where the config came from); they do not
+    enter any size.
+
+    Raises:
+      ConfigError: a field has the wrong type or a negative value, `num_attention_heads` is not
+        a multiple of `num_key_value_heads`, `num_experts_per_tok` exceeds `num_experts` on a
+        model with experts, a layer type is unknown, `layer_types` disagrees with
+        `num_hidden_layers`, or the Mamba-2 dimensions are incomplete.
+    """
+
+    hidden_size: int
+    num_hidden_layers: int = 0
+    intermediate_size: int = 0
+    vocab_size: int = 0
+    num_attention_heads: int = 0
+    num_key_value_heads: int = 0
+    head_dim: int = 0
+    attn_gated: bool = False
+    mrope_interleaved: bool = False
+    linear_num_key_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_num_value_heads: int = 0
+    linear_value_head_dim: int = 0
+    num_experts: int = 0
+    zero_expert_num: int = 0
+    num_experts_per_tok: int = 1
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+    moe_latent_size: int = 0
+    layer_types: tuple[str, ...] = ()
+    full_attention_interval: int = 1
+    mamba_num_heads: int = 0
+    mamba_head_dim: int = 0
+    ssm_state_size: int = 0
+    n_groups: int = 0
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    o_lora_rank: int = 0
+    o_groups: int = 0
+    hc_mult: int = 0
+    hc_lowrank: int = 0
+    index_n_heads: int = 0
+    index_head_dim: int = 0
+    index_topk: int = 0
+    index_compress_ratio: int = 0
+    adapter_max_rank: int = 0
+    model_type: str = dataclasses.field(default="", compare=False)
+    source: str = dataclasses.field(default="", compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        where = f" (in {self.source})" if self.source else ""
+        problems: list[str] = []
+        for name in ("hidden_size", *_INT_DEFAULTS):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                problems.append(
+                    f"{name}={value!r} must be a non-negative int, got {type(value).__name__}"
+                )
+            elif value < 0:
+                problems.append(f"{name}={value} must be >= 0")
+        for name in ("attn_gated", "mrope_interleaved"):
+            if not isinstance(getattr(self, name), bool):
+                problems.append(f"{name}={getattr(self, name)!r} must be a bool")
+        if not isinstance(self.layer_types, tuple):
+            if isinstance(self.layer_types, list):
+                # Lists are the natural spelling; store a tuple so the config stays hashable.
+                object.__setattr__(self, "layer_types", tuple(self.layer_types))
+            else:
+                problems.append(
+                    f"layer_types={self.layer_types!r} must be a tuple of layer-type strings"
+                )
+        if problems:
+            raise ConfigError(_join("invalid ModelConfig" + where, problems))
+
+        bad_kinds = sorted({k for k in self.layer_types if k not in LAYER_TYPES}, key=str)
+        if bad_kinds:
+            problems.append(
+                f"layer_types has unknown entries {bad_kinds}; known: {sorted(LAYER_TYPES)}"
+            )
+        if self.layer_types and len(self.layer_types) != self.num_hidden_layers:
+            problems.append(
+                f"len(layer_types)={len(self.layer_types)} != num_hidden_layers="
+                f"{self.num_hidden_layers}"
+            )
+        q, kv = self.num_attention_heads, self.num_key_value_heads
+        if q and kv and q % kv:
+            problems.append(
+                f"num_attention_heads={q} is not a multiple of num_key_value_heads={kv}"
+            )
+        if self.num_experts > 0 and self.num_experts_per_tok > self.num_experts:
+            problems.append(
+                f"num_experts_per_tok={self.num_experts_per_tok} exceeds "
+                f"num_experts={self.num_experts}"
+            )
+        if self.mamba_num_heads > 0:
+            for name in ("mamba_head_dim", "ssm_state_size", "n_groups"):
+                if getattr(self, name) == 0:
+                    problems.append(f"mamba_num_heads={self.mamba_num_heads} needs {name} > 0")
+            if self.n_groups and self.mamba2_d_inner % self.n_groups:
+                problems.append(
+                    f"mamba_num_heads*mamba_head_dim={self.mamba2_d_inner} is not divisible "
+                    f"by n_groups={self.n_groups}"
+                )
+        if (
+            "linear_attention" in self.layer_types
+            and self.linear_num_key_heads == 0
+            and self.mamba_num_heads == 0
+        ):
+            problems.append(
+                "layer_types has linear_attention layers but linear_num_key_heads and "
+                "mamba_num_heads are both 0"
+            )
+        if problems:
+            raise ConfigError(_join("invalid ModelConfig" + where, problems))
+
+    # -- construction -----------------------------------------------------------------------
+
+    @classmethod
+    def from_hf(cls, source: Any, *, revision: str | None = None) -> ModelConfig:
+        """Reads a HuggingFace config.
+
+        Args:
+          source: a path to a `config.json`, a directory holding one, an already-loaded dict,
+            or (with `huggingface_hub` installed) a hub repo id such as `"Qwen/Qwen3-8B"`.
+          revision: hub revision, only for repo ids.
+
+        Returns:
+          The config as the architecture really is (head_dim derived when absent, experts from
+          `n_routed_experts`/`num_local_experts`, MRoPE under `rope_scaling` too, nested
+          `text_config`, Nemotron-H patterns, ...). See `_hf.py` for every family.
+
+        Raises:
+          ConfigError: invalid JSON, a missing required key, a wrong type, or an unknown
+            `model_type` without usable generic fields. The message names the key and file.
+        """
+        from jaxarena import _hf
+
+        return _hf.load(source, revision=revision)
+
+    @classmethod
+    def preset(cls, name: str) -> ModelConfig:
+        """Loads a bundled preset by name (see `jaxarena.presets()`), e.g. `"qwen3-8b"`."""
+        from jaxarena import _presets
+
+        return _presets.load_preset(name)
+
+    def replace(self, **changes: Any) -> ModelConfig:
+        """Returns a copy with `changes` applied (validated like a new config)."""
+        return dataclasses.replace(self, **changes)
+
+    # -- derived quantities of the seed (spec §11) --------------------------------------------
+
+    @property
+    def moe_input_size(self) -> int:
+        """Width of a routed expert's input/output rows: the LatentMoE latent, else hidden."""
+        return self.moe_latent_size if self.moe_latent_size > 0 else self.hidden_size
+
+    @property
+    def mamba2_d_inner(self) -> int:
+        """Mamba-2 inner width, `mamba_num_heads * mamba_head_dim`."""
+        return self.mamba_num_heads * self.mamba_head_dim
+
+    @property
+    def mamba2_d_xbc(self) -> int:
+        """Width of the Mamba-2 conv input `x | B | C`."""
+        return self.mamba2_d_inner + 2 * self.n_groups * self.ssm_state_size
+
+    @property
+    def mamba2_in_proj_size(self) -> int:
+        """Width of the Mamba-2 in_proj output `z | xBC | dt`."""
+        return self.mamba2_d_inner + self.mamba2_d_xbc + self.mamba_num_heads
+
+    @property
+    def ssm_qkvz_size(self) -> int:
+        """Width of the gated-delta-net QKVZ projection (Q, K, V and the Z gate)."""
+        return (
+            2 * self.linear_num_key_heads * self.linear_key_head_dim
+            + 2 * self.linear_num_value_heads * self.linear_value_head_dim
+        )
+
+    @property
+    def ssm_ba_size(self) -> int:
+        """Width of the gated-delta-net beta/alpha projection (two per value head)."""
+        return self.linear_num_value_heads * 2
+
+    @property
+    def num_attention_layers(self) -> int:
+        """Layers that run attention (full, sliding, chunked or sparse)."""
+        if self.layer_types:
+            return sum(1 for k in self.layer_types if k in _ATTENTION_KINDS)
+        if self.full_attention_interval == 0:
+            return self.num_hidden_layers
+        return self.num_hidden_layers // self.full_attention_interval
+
+    @property
+    def num_ssm_layers(self) -> int:
+        """Layers that run a state-space mixer (gated delta net or Mamba-2)."""
+        if self.layer_types:
+            return sum(1 for k in self.layer_types if k in _SSM_KINDS)
+        return self.num_hidden_layers - self.num_attention_layers
+
+    @property
+    def num_mamba_layers(self) -> int:
+        """SSM layers that are Mamba-2 (the model has Mamba heads), else 0."""
+        return self.num_ssm_layers if self.mamba_num_heads > 0 else 0
+
+    @property
+    def is_moe(self) -> bool:
+        """True when the model has routed experts."""
+        return self.num_experts > 0
+
+
+def _join(head: str, problems: list[str]) -> str:
+    return head + ":\n  - " + "\n  - ".join(problems)

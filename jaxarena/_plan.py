@@ -1,0 +1,501 @@
+"""`ArenaPlan`: where every buffer lives in the one arena array, and the pure functions that
+allocate it, view a region as a typed array, write a region in place and check guard bands.
+
+The arena is ONE `uint8` `jax.Array` of shape `(rows, ROW_BYTES)`. It is 2-D on purpose: on
+CPU, a jitted `lax.dynamic_update_slice` into a 1-D `uint8` array of more than 2^31 elements
+crashes the process, and a 2-D array of the same bytes works; with 256-byte rows every row
+index stays below 2^31 for arenas up to 512 GiB, so no offset needs `jax_enable_x64`.
+Views and writes use static offsets only: the layout is static metadata, the buffer is the
+only array.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import types
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from jaxarena import _events
+
+__all__ = ["ArenaPlan", "Region", "ArenaError", "GuardError", "ROW_BYTES"]
+
+# Bytes per arena row. Regions need not start on a row (any power-of-two alignment works);
+# aligned regions take the fast paths, which never flatten a region to 1-D.
+ROW_BYTES = 256
+
+
+class ArenaError(ValueError):
+    """A plan is invalid, or a view/write does not fit the plan (raised at trace time)."""
+
+
+class GuardError(AssertionError):
+    """A guard band was overwritten: some kernel wrote past the end of its region."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Region:
+    """One buffer's place in the arena: bytes `[offset_bytes, offset_bytes + nbytes)`.
+
+    When the plan has guard bands, `[end_bytes, end_bytes + guard_bytes)` follows the region.
+    """
+
+    name: str
+    offset_bytes: int
+    nbytes: int
+
+    @property
+    def end_bytes(self) -> int:
+        return self.offset_bytes + self.nbytes
+
+
+def _guard_pattern(n: int) -> np.ndarray:
+    # Position-dependent so that a stray fill of any single byte value is caught.
+    return ((np.arange(n, dtype=np.uint32) * 151 + 0x5A) & 0xFF).astype(np.uint8)
+
+
+def _is_pow2(x: int) -> bool:
+    return isinstance(x, int) and x > 0 and (x & (x - 1)) == 0
+
+
+def _round_up(x: int, a: int) -> int:
+    return -(-x // a) * a
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ArenaPlan:
+    """A static layout of named regions in one byte arena.
+
+    Build one with `ArenaPlan.sequential(sizes)` (every buffer its own region) or
+    `ArenaPlan.packed(sizes, lifetimes)` (buffers never live together share bytes). The plan
+    is frozen and hashable, so it can be closed over or passed as a static argument of
+    `jax.jit`; `allocate`, `view`, `write` and `check_guards` are its operations.
+
+    Attributes:
+      regions: read-only mapping name -> `Region`, in layout order.
+      total_bytes: the arena's size in bytes (a multiple of `ROW_BYTES`).
+      align_bytes: every region offset is a multiple of this (a power of two).
+      guard_bytes: size of the guard band after every region (0: none).
+      arena_shape: `(total_bytes // ROW_BYTES, ROW_BYTES)`, the array's shape.
+      may_alias: names of region pairs that a packed plan lets share bytes.
+    """
+
+    region_list: tuple[Region, ...]
+    total_bytes: int
+    align_bytes: int = 256
+    guard_bytes: int = 0
+    may_alias: frozenset[frozenset[str]] = frozenset()
+    regions: Mapping[str, Region] = dataclasses.field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        problems: list[str] = []
+        if not _is_pow2(self.align_bytes):
+            problems.append(f"align_bytes={self.align_bytes} must be a power of two")
+        if not isinstance(self.guard_bytes, int) or self.guard_bytes < 0:
+            problems.append(f"guard_bytes={self.guard_bytes!r} must be an int >= 0")
+        if self.total_bytes % ROW_BYTES:
+            problems.append(f"total_bytes={self.total_bytes} must be a multiple of {ROW_BYTES}")
+        seen: dict[str, Region] = {}
+        for r in self.region_list:
+            if r.name in seen:
+                problems.append(f"region {r.name!r} appears twice")
+            seen[r.name] = r
+            if r.nbytes <= 0:
+                problems.append(f"region {r.name!r} has nbytes={r.nbytes}; empty buffers get none")
+            if problems or not _is_pow2(self.align_bytes):
+                continue
+            if r.offset_bytes < 0 or r.offset_bytes % self.align_bytes:
+                problems.append(
+                    f"region {r.name!r} offset_bytes={r.offset_bytes} is not a multiple of "
+                    f"align_bytes={self.align_bytes}"
+                )
+            if r.end_bytes + self.guard_bytes > self.total_bytes:
+                problems.append(
+                    f"region {r.name!r} [{r.offset_bytes}, {r.end_bytes}) plus guard "
+                    f"{self.guard_bytes} ends past total_bytes={self.total_bytes}"
+                )
+        # Every pair of regions whose bytes (guards included) intersect must be allowed to.
+        spans = sorted(self.region_list, key=lambda r: r.offset_bytes)
+        for i, a in enumerate(spans):
+            for b in spans[i + 1 :]:
+                if b.offset_bytes >= a.end_bytes + self.guard_bytes:
+                    break
+                if frozenset((a.name, b.name)) not in self.may_alias:
+                    problems.append(
+                        f"regions {a.name!r} [{a.offset_bytes}, {a.end_bytes}) and {b.name!r} "
+                        f"[{b.offset_bytes}, {b.end_bytes}) overlap (guard {self.guard_bytes})"
+                    )
+        if problems:
+            raise ArenaError("invalid ArenaPlan:\n  - " + "\n  - ".join(problems))
+        object.__setattr__(self, "regions", types.MappingProxyType(seen))
+
+    def _key(self) -> tuple:
+        return (self.region_list, self.total_bytes, self.align_bytes, self.guard_bytes,
+                self.may_alias)  # fmt: skip
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ArenaPlan) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    # -- construction ---------------------------------------------------------------------------
+
+    @classmethod
+    def sequential(
+        cls, sizes: Any, *, align_bytes: int = 256, guard_bytes: int = 0
+    ) -> ArenaPlan:
+        """Gives every non-empty buffer its own region, in the given order.
+
+        Args:
+          sizes: a `BufferSizes` (regions in the seed's order) or any `{name: nbytes}` mapping
+            (so users can add buffers of their own). Zero-size buffers get no region, as the
+            seed leaves them unallocated.
+          align_bytes: alignment of every region offset (a power of two; 256 by default, which
+            also keeps every region on an arena row).
+          guard_bytes: bytes of guard band after every region, filled with a known pattern by
+            `allocate` and checked by `check_guards`.
+        """
+        items = _size_items(sizes)
+        if not _is_pow2(align_bytes):
+            raise ArenaError(f"align_bytes={align_bytes!r} must be a power of two")
+        if not isinstance(guard_bytes, int) or guard_bytes < 0:
+            raise ArenaError(f"guard_bytes={guard_bytes!r} must be an int >= 0")
+        regions, offset = [], 0
+        for name, nbytes in items:
+            if nbytes == 0:
+                continue
+            regions.append(Region(name, offset, nbytes))
+            offset = _round_up(offset + nbytes + guard_bytes, align_bytes)
+        total = _round_up(max(offset, 1), ROW_BYTES)
+        return cls(tuple(regions), total, align_bytes, guard_bytes)
+
+    # -- metadata -------------------------------------------------------------------------------
+
+    @property
+    def arena_shape(self) -> tuple[int, int]:
+        """Shape of the arena array, `(rows, ROW_BYTES)` of `uint8`."""
+        return (self.total_bytes // ROW_BYTES, ROW_BYTES)
+
+    def region(self, name: str) -> Region:
+        """The region of buffer `name`; a clear error for unknown or empty buffers."""
+        try:
+            return self.regions[name]
+        except KeyError:
+            known = ", ".join(self.regions) or "(none)"
+            raise ArenaError(
+                f"no region named {name!r} in this plan (zero-size buffers get no region); "
+                f"regions: {known}"
+            ) from None
+
+    def describe(self) -> str:
+        """A readable table: name, offset, size and share of the arena for every region."""
+        rows = [("region", "offset", "bytes", "size", "share")]
+        for r in self.region_list:
+            rows.append(
+                (r.name, f"{r.offset_bytes:,}", f"{r.nbytes:,}", format_bytes(r.nbytes),
+                 f"{100 * r.nbytes / self.total_bytes:5.1f}%")
+            )  # fmt: skip
+        widths = [max(len(row[i]) for row in rows) for i in range(5)]
+        lines = [
+            "  ".join(
+                cell.ljust(w) if i == 0 else cell.rjust(w)
+                for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+            )
+            for row in rows
+        ]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        lines.append(
+            f"total: {self.total_bytes:,} bytes ({format_bytes(self.total_bytes)}) in "
+            f"{len(self.region_list)} regions, align {self.align_bytes}, guard {self.guard_bytes}"
+        )
+        return "\n".join(lines)
+
+    # -- the array ---------------------------------------------------------------------------
+
+    def allocate(self, *, device: Any = None, sharding: Any = None) -> jax.Array:
+        """Allocates the arena: one zero-filled `uint8` array, guard bands filled.
+
+        Args:
+          device: place the arena on this device (default: JAX's default device).
+          sharding: a `jax.sharding.NamedSharding` whose spec partitions dimension 0 (for
+            example `plan.sharding(mesh)`): every shard is one full arena of `arena_shape`,
+            so each device gets its own arena; views and writes then work on the local shard
+            inside `jax.shard_map`. Dimension 1 must not be partitioned.
+
+        Returns:
+          `uint8[rows, ROW_BYTES]`, or `uint8[num_shards * rows, ROW_BYTES]` when sharded.
+          Pass it donated to your step functions and keep only the returned arena.
+        """
+        if device is not None and sharding is not None:
+            raise ArenaError("pass device= or sharding=, not both")
+        shape = self.arena_shape
+        if sharding is None:
+            out = (
+                jax.sharding.SingleDeviceSharding(device) if device is not None else None
+            )
+            init = jax.jit(self._init_local, out_shardings=out)
+            return init()
+        num = self._num_shards(sharding)
+        global_shape = (num * shape[0], shape[1])
+        spec = sharding.spec
+        fill = jax.jit(
+            jax.shard_map(self._init_local, mesh=sharding.mesh, in_specs=(), out_specs=spec),
+            out_shardings=sharding,
+        )
+        arena = fill()
+        assert arena.shape == global_shape
+        return arena
+
+    def sharding(self, mesh: jax.sharding.Mesh, axis_names: Any = None):
+        """A `NamedSharding` giving every device of `mesh` (or of `axis_names`) its own arena."""
+        axes = tuple(mesh.axis_names) if axis_names is None else axis_names
+        return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(axes))
+
+    def _num_shards(self, sharding: Any) -> int:
+        if not isinstance(sharding, jax.sharding.NamedSharding):
+            raise ArenaError(
+                f"sharding must be a jax.sharding.NamedSharding, got {type(sharding).__name__}"
+            )
+        spec = tuple(sharding.spec) + (None, None)
+        if spec[1] is not None:
+            raise ArenaError(f"sharding spec {sharding.spec} must not partition dimension 1")
+        axes = spec[0]
+        if axes is None:
+            raise ArenaError(
+                f"sharding spec {sharding.spec} must partition dimension 0 (one arena per "
+                "device); use plan.sharding(mesh)"
+            )
+        axes = (axes,) if isinstance(axes, str) else tuple(axes)
+        return math.prod(sharding.mesh.shape[a] for a in axes)
+
+    def _init_local(self) -> jax.Array:
+        arena = jnp.zeros(self.arena_shape, jnp.uint8)
+        if self.guard_bytes:
+            pattern = _guard_pattern(self.guard_bytes)
+            for r in self.region_list:
+                arena = _store_bytes(arena, r.end_bytes, jnp.asarray(pattern))
+        return arena
+
+    def _check_arena(self, arena: Any, what: str) -> None:
+        shape, dtype = tuple(getattr(arena, "shape", ())), getattr(arena, "dtype", None)
+        if shape != self.arena_shape or dtype != jnp.uint8:
+            raise ArenaError(
+                f"{what}: arena is {dtype}{list(shape)}, expected uint8{list(self.arena_shape)}"
+                " (a different plan's arena, or a sharded global array outside shard_map?)"
+            )
+
+    def view(self, arena: jax.Array, name: str, shape: Any, dtype: Any) -> jax.Array:
+        """Reads the start of region `name` as a `dtype` array of `shape`.
+
+        Pure and traceable: the offset is static, the bytes are sliced out of the arena and
+        bitcast (`lax.bitcast_convert_type`). The result is a value, not an alias: write it
+        back with `write` to change the arena.
+
+        Raises:
+          ArenaError: unknown or empty region, a non-static shape, or a view larger than the
+            region (`prod(shape) * itemsize > nbytes`), at trace time.
+        """
+        self._check_arena(arena, f"view({name!r})")
+        region = self.region(name)
+        shape = _static_shape(shape, f"view({name!r})")
+        dtype = _dtype(dtype, f"view({name!r})")
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes > region.nbytes:
+            raise ArenaError(
+                f"view({name!r}, shape={shape}, dtype={dtype.name}) needs {nbytes} bytes but the "
+                f"region holds {region.nbytes}"
+            )
+        _events.emit("view", name)
+        if nbytes == 0:
+            return jnp.zeros(shape, dtype)
+        return _from_bytes(_load_bytes(arena, region.offset_bytes, nbytes), shape, dtype)
+
+    def write(self, arena: jax.Array, name: str, value: Any) -> jax.Array:
+        """Returns the arena with `value`'s bytes stored at the start of region `name`.
+
+        Uses `lax.dynamic_update_slice` at a static offset: when the arena is donated to the
+        enclosing `jax.jit`, XLA updates it in place. Bytes of the region past `value` are kept.
+
+        Raises:
+          ArenaError: unknown or empty region, or `value` larger than the region.
+        """
+        self._check_arena(arena, f"write({name!r})")
+        region = self.region(name)
+        value = jnp.asarray(value)
+        dtype = _dtype(value.dtype, f"write({name!r})")
+        nbytes = value.size * dtype.itemsize
+        if nbytes > region.nbytes:
+            raise ArenaError(
+                f"write({name!r}) of {dtype.name}{list(value.shape)} needs {nbytes} bytes but "
+                f"the region holds {region.nbytes}"
+            )
+        _events.emit("write", name)
+        if nbytes == 0:
+            return arena
+        return _store_bytes(arena, region.offset_bytes, _to_bytes(value))
+
+    # -- guards ---------------------------------------------------------------------------------
+
+    def check_guards(self, arena: jax.Array, *, strict: bool = False) -> list[str]:
+        """Names of the regions whose guard band no longer holds the pattern.
+
+        For a sharded arena every device's arena is checked and a region is reported when its
+        guard broke on any device. With `strict=True` a broken guard raises `GuardError`.
+        Call it outside `jit` (it reads the result back to the host).
+        """
+        if not self.guard_bytes:
+            raise ArenaError("check_guards: this plan has no guard bands (guard_bytes=0)")
+        shards = (
+            [s.data for s in arena.addressable_shards]
+            if tuple(arena.shape) != self.arena_shape
+            else [arena]
+        )
+        broken: list[str] = []
+        for local in shards:
+            ok = np.asarray(self._guards_ok(local))
+            broken.extend(r.name for r, good in zip(self.region_list, ok, strict=True)
+                          if not good and r.name not in broken)  # fmt: skip
+        if strict and broken:
+            raise GuardError(f"guard bands overwritten after regions: {', '.join(broken)}")
+        return broken
+
+    @functools.partial(jax.jit, static_argnums=0)
+    def _guards_ok(self, arena: jax.Array) -> jax.Array:
+        self._check_arena(arena, "check_guards")
+        pattern = jnp.asarray(_guard_pattern(self.guard_bytes))
+        return jnp.stack(
+            [jnp.all(_load_bytes(arena, r.end_bytes, self.guard_bytes) == pattern)
+             for r in self.region_list]
+        )  # fmt: skip
+
+
+# -- byte plumbing ----------------------------------------------------------------------------
+
+
+def _size_items(sizes: Any) -> list[tuple[str, int]]:
+    if hasattr(sizes, "as_dict"):
+        sizes = sizes.as_dict()
+    if not isinstance(sizes, Mapping):
+        raise ArenaError(
+            f"sizes must be a BufferSizes or a {{name: nbytes}} mapping, got {type(sizes).__name__}"
+        )
+    items = []
+    bad = []
+    for name, nbytes in sizes.items():
+        if not isinstance(name, str) or not name:
+            bad.append(f"name {name!r} must be a non-empty str")
+        elif isinstance(nbytes, bool) or not isinstance(nbytes, int | np.integer) or nbytes < 0:
+            bad.append(f"{name}={nbytes!r} must be an int >= 0")
+        else:
+            items.append((name, int(nbytes)))
+    if bad:
+        raise ArenaError("invalid sizes:\n  - " + "\n  - ".join(bad))
+    return items
+
+
+def _static_shape(shape: Any, what: str) -> tuple[int, ...]:
+    if isinstance(shape, int | np.integer):
+        shape = (shape,)
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        raise ArenaError(f"{what}: shape={shape!r} must be a tuple of ints") from None
+    for d in dims:
+        if isinstance(d, bool) or not isinstance(d, int | np.integer):
+            raise ArenaError(
+                f"{what}: shape={shape!r} must be static ints (got {type(d).__name__}); views "
+                "have static offsets and sizes"
+            )
+        if d < 0:
+            raise ArenaError(f"{what}: shape={shape!r} has a negative dimension")
+    return tuple(int(d) for d in dims)
+
+
+def _dtype(dtype: Any, what: str) -> np.dtype:
+    try:
+        dt = jnp.dtype(dtype)
+    except TypeError:
+        raise ArenaError(f"{what}: dtype={dtype!r} is not a JAX dtype") from None
+    if dt.itemsize == 0 or dt.name in ("int4", "uint4", "int2", "uint2", "float4_e2m1fn"):
+        raise NotImplementedError(f"{what}: sub-byte dtype {dt.name} views are not supported")
+    if dt.kind == "c":
+        raise NotImplementedError(f"{what}: complex dtype {dt.name} views are not supported")
+    return dt
+
+
+def _to_bytes(value: jax.Array) -> jax.Array:
+    """`value` as uint8, shape `value.shape + (itemsize,)` (or `value.shape` for 1-byte)."""
+    if value.dtype == jnp.bool_:
+        value = value.astype(jnp.uint8)
+    if value.dtype == jnp.uint8:
+        return value
+    return lax.bitcast_convert_type(value, jnp.uint8)
+
+
+def _from_bytes(raw: jax.Array, shape: tuple[int, ...], dtype: np.dtype) -> jax.Array:
+    """Inverse of `_to_bytes` for bytes of any shape holding exactly `prod(shape)` items."""
+    if dtype == jnp.bool_:
+        return raw.reshape(shape) != 0
+    if dtype.itemsize == 1:
+        out = raw if dtype == jnp.uint8 else lax.bitcast_convert_type(raw, dtype)
+        return out.reshape(shape)
+    if raw.ndim == 2 and raw.shape[1] % dtype.itemsize == 0:
+        # Row-aligned region: group bytes within rows, never flattening the region to 1-D.
+        grouped = raw.reshape(raw.shape[0], raw.shape[1] // dtype.itemsize, dtype.itemsize)
+    else:
+        grouped = raw.reshape(-1, dtype.itemsize)
+    return lax.bitcast_convert_type(grouped, dtype).reshape(shape)
+
+
+def _load_bytes(arena: jax.Array, offset: int, nbytes: int) -> jax.Array:
+    """`nbytes` bytes from byte `offset`: `(rows, ROW_BYTES)` when row-aligned, else 1-D."""
+    r0, lo = divmod(offset, ROW_BYTES)
+    r1 = -(-(offset + nbytes) // ROW_BYTES)
+    block = lax.slice(arena, (r0, 0), (r1, ROW_BYTES))
+    if lo == 0 and nbytes % ROW_BYTES == 0:
+        return block
+    return lax.slice(block.reshape(-1), (lo,), (lo + nbytes,))
+
+
+def _store_bytes(arena: jax.Array, offset: int, raw: jax.Array) -> jax.Array:
+    """Stores `raw` (uint8, any shape) at byte `offset`, keeping the bytes around it."""
+    nbytes = raw.size
+    r0, lo = divmod(offset, ROW_BYTES)
+    r1 = -(-(offset + nbytes) // ROW_BYTES)
+    hi = r1 * ROW_BYTES - (offset + nbytes)  # bytes of the last row after the value
+    if lo == 0 and hi == 0:
+        block = raw.reshape(r1 - r0, ROW_BYTES)
+    else:
+        # Merge the partial first/last rows with the arena's current bytes.
+        parts = []
+        if lo:
+            parts.append(lax.slice(arena, (r0, 0), (r0 + 1, lo)).reshape(-1))
+        parts.append(raw.reshape(-1))
+        if hi:
+            parts.append(lax.slice(arena, (r1 - 1, ROW_BYTES - hi), (r1, ROW_BYTES)).reshape(-1))
+        block = jnp.concatenate(parts).reshape(r1 - r0, ROW_BYTES)
+    zero = jnp.zeros((), jnp.int32)
+    return lax.dynamic_update_slice(arena, block, (jnp.int32(r0), zero))
+
+
+def format_bytes(n: int) -> str:
+    """`n` bytes in binary units: `'3.58 GiB'`, `'256 B'`."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{int(value)} {unit}" if unit == "B" else f"{value:.2f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def regions_from(items: Iterable[tuple[str, int, int]]) -> tuple[Region, ...]:
+    """Regions from `(name, offset_bytes, nbytes)` triples (for plans built by hand)."""
+    return tuple(Region(n, o, b) for n, o, b in items)

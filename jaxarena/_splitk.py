@@ -1,0 +1,136 @@
+"""The split-K decode-attention policy: how many key splits a decode step uses, and so how many
+`[o[head_dim], m, l]` workspace slots the arena must hold (spec §7).
+
+The sizing and the split-K kernel both call these functions, so the slots used can never
+exceed the slots sized.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+__all__ = [
+    "SplitKPolicy",
+    "parse_policy",
+    "resolve_policy",
+    "auto_splits",
+    "legacy_splits",
+    "num_splits",
+    "workspace_slots",
+    "SPLITK_TARGET_WAVES",
+    "MAX_DECODE_SPLITS",
+]
+
+SPLITK_TARGET_WAVES = 2
+MAX_DECODE_SPLITS = 16
+_U32_MAX = 2**32 - 1
+
+# Rust's `str::trim` strips exactly the Unicode White_Space set; Python's bare `strip()` also
+# strips U+001C..U+001F, which the original keeps (spec §7.2), so the set is spelled out.
+_RUST_WHITESPACE = (
+    "\u0009\u000a\u000b\u000c\u000d\u0020\u0085\u00a0\u1680"
+    "\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a"
+    "\u2028\u2029\u202f\u205f\u3000"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitKPolicy:
+    """A resolved split-K policy: `kind` is `"legacy"`, `"auto"` or `"pinned"`.
+
+    `splits` is the pinned split count (1..16) for `"pinned"` and 0 otherwise.
+    """
+
+    kind: str
+    splits: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("legacy", "auto", "pinned"):
+            raise ValueError(f"SplitKPolicy kind={self.kind!r} must be legacy, auto or pinned")
+        if self.kind == "pinned" and not 1 <= self.splits <= MAX_DECODE_SPLITS:
+            raise ValueError(f"pinned splits={self.splits} must be in 1..{MAX_DECODE_SPLITS}")
+
+    def __str__(self) -> str:
+        return f"pinned({self.splits})" if self.kind == "pinned" else self.kind
+
+
+LEGACY = SplitKPolicy("legacy")
+AUTO = SplitKPolicy("auto")
+
+
+def _clamp(value: int, lo: int, hi: int) -> int:
+    return max(lo, min(hi, value))
+
+
+def parse_policy(spelling: str | None) -> SplitKPolicy | None:
+    """Parses a split-K spelling as the seed does; returns None when it does not parse.
+
+    Accepted (after trimming Rust whitespace and lower-casing ASCII letters): `legacy`, `auto`,
+    `0`/`off`/`false`/`no` (one split), or a decimal u32 with an optional leading `+`
+    (clamped to 1..16). Anything else, `-0`, `1_6`, non-ASCII digits and values above 2^32-1
+    included, is None.
+    """
+    if spelling is None:
+        return None
+    s = spelling.strip(_RUST_WHITESPACE)
+    s = "".join(chr(ord(c) + 32) if "A" <= c <= "Z" else c for c in s)
+    if s == "legacy":
+        return LEGACY
+    if s == "auto":
+        return AUTO
+    if s in ("0", "off", "false", "no"):
+        return SplitKPolicy("pinned", 1)
+    digits = s[1:] if s.startswith("+") else s
+    if not digits or any(c not in "0123456789" for c in digits):
+        return None
+    value = int(digits)
+    if value > _U32_MAX:
+        return None
+    return SplitKPolicy("pinned", _clamp(value, 1, MAX_DECODE_SPLITS))
+
+
+def resolve_policy(declared: str, env_value: str | None) -> SplitKPolicy:
+    """The environment's spelling wins when it parses; else the target's declaration; else legacy."""
+    from_env = parse_policy(env_value)
+    if from_env is not None:
+        return from_env
+    return parse_policy(declared) or LEGACY
+
+
+def auto_splits(sm_count: int, num_q_heads: int) -> int:
+    """Splits that fill `SPLITK_TARGET_WAVES` waves of the SMs with one sequence's heads."""
+    ctas = min(SPLITK_TARGET_WAVES * max(sm_count, 1), _U32_MAX)
+    heads = max(num_q_heads, 1)
+    return _clamp(-(-ctas // heads), 1, MAX_DECODE_SPLITS)
+
+
+def legacy_splits(sm_count: int, num_q_heads: int, ref_seqs: int) -> int:
+    """The legacy rule: split only while heads x sequences leave SMs idle."""
+    ctas = min(max(num_q_heads, 1) * max(ref_seqs, 1), _U32_MAX)
+    if ctas >= sm_count:
+        return 1
+    return sm_count // ctas
+
+
+def num_splits(policy: SplitKPolicy, sm_count: int, num_q_heads: int, legacy_ref_seqs: int) -> int:
+    """Splits per (sequence, head) that `policy` runs with."""
+    if policy.kind == "legacy":
+        return legacy_splits(sm_count, num_q_heads, legacy_ref_seqs)
+    if policy.kind == "auto":
+        return auto_splits(sm_count, num_q_heads)
+    return _clamp(policy.splits, 1, MAX_DECODE_SPLITS)
+
+
+def workspace_slots(
+    policy: SplitKPolicy, sm_count: int, num_q_heads: int, max_rows: int, legacy_ref_seqs: int
+) -> int:
+    """Workspace slots the arena holds for `policy`.
+
+    Legacy sizes one slot per SM whatever the batch (the legacy dispatch never needs more);
+    every other policy sizes `rows * heads * splits`, saturating at 2^32-1 like the seed's u32
+    arithmetic.
+    """
+    if policy.kind == "legacy":
+        return max(sm_count, 1)
+    splits = num_splits(policy, sm_count, num_q_heads, legacy_ref_seqs)
+    return min(max(max_rows, 1) * max(num_q_heads, 1) * splits, _U32_MAX)

@@ -1,0 +1,11 @@
+"""Suite-wide setup: eight virtual CPU devices for the sharding tests.
+
+XLA reads the flag once, when the backend starts, so it is set here, before any test module
+imports JAX. Single-device tests keep using device 0.
+"""
+
+import os
+
+_FLAG = "--xla_force_host_platform_device_count=8"
+if _FLAG.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
