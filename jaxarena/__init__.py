@@ -8,19 +8,28 @@ views and in-place writes at static offsets are taken inside `jax.jit`.
 from jaxarena._config import LAYER_TYPES, ConfigError, ModelConfig
 from jaxarena._layouts import DecodeMetaLayout, ssd_scratch_layout
 from jaxarena._levers import Levers
+from jaxarena._lifetimes import Interval, Lifetimes, record_lifetimes
+from jaxarena._packing import packing_report
 from jaxarena._plan import ArenaError, ArenaPlan, GuardError, Region
-try:
-    from jaxarena._presets import presets
-except ImportError:  # TEMP-LEAD: until _presets lands
-    presets = None
+from jaxarena._presets import load_preset, presets
+from jaxarena._shard import (
+    BufferScaling,
+    experts_per_device,
+    format_scaling_table,
+    scaling_table,
+    shard_config,
+)
 from jaxarena._sizes import GATEUP_FUSED_MAX_M, BufferSizes, ServeLimits, splitk_policy
 from jaxarena._splitk import SplitKPolicy, num_splits, workspace_slots
 from jaxarena._target import Target
 
 __all__ = [
     "ArenaError",
+    "BufferScaling",
     "ArenaPlan",
     "GuardError",
+    "Interval",
+    "Lifetimes",
     "Region",
     "BufferSizes",
     "ConfigError",
@@ -32,8 +41,15 @@ __all__ = [
     "ServeLimits",
     "SplitKPolicy",
     "Target",
+    "experts_per_device",
+    "format_scaling_table",
     "num_splits",
+    "load_preset",
+    "packing_report",
     "presets",
+    "record_lifetimes",
+    "scaling_table",
+    "shard_config",
     "splitk_policy",
     "ssd_scratch_layout",
     "workspace_slots",

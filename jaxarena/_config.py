@@ -240,6 +240,21 @@ class ModelConfig:
 
         return _presets.load_preset(name)
 
+    def shard(self, tp: int = 1, ep: int = 1) -> ModelConfig:
+        """The per-device config under tensor parallelism `tp` and expert parallelism `ep`.
+
+        Heads, FFN widths, SSM heads and the vocabulary are divided as Megatron/vLLM split them
+        (KV heads and Mamba groups are replicated when fewer than `tp`); see
+        `jaxarena.shard_config` for every rule. `BufferSizes.from_config(config.shard(tp=4),
+        ...)` gives the arena each device needs.
+
+        Raises:
+          ConfigError: a dimension does not divide evenly, or `tp`/`ep` is not a positive int.
+        """
+        from jaxarena._shard import shard_config
+
+        return shard_config(self, tp=tp, ep=ep)
+
     def replace(self, **changes: Any) -> ModelConfig:
         """Returns a copy with `changes` applied (validated like a new config)."""
         return dataclasses.replace(self, **changes)

@@ -70,9 +70,11 @@ class DecodeMetaLayout:
 
     @classmethod
     def for_max_batch_size(cls, max_batch_size: int) -> DecodeMetaLayout:
+        """The layout the seed uses for a serve of `max_batch_size` slots (floor 32 rows)."""
         return cls(max(max_batch_size, DECODE_META_MIN_ROWS))
 
     def meta_bytes(self, max_blocks: int) -> int:
+        """Bytes of the metadata for `rows` sequences with `max_blocks` block-table entries."""
         # positions u32 | lora slot i32 | slots i64 | seq_lens i32 | gap | block table i32
         return 24 * self.rows + self.rows * max_blocks * 4
 
@@ -232,7 +234,9 @@ def q2_dequant_scratch_bytes(config: ModelConfig) -> int:
 
 def q2_act_q8_bytes(config: ModelConfig, m: int) -> int:
     """q8_1 activations for the widest keep-packed MMQ projection input, plus 1 MiB."""
-    k = max(config.hidden_size, config.intermediate_size, config.num_attention_heads * config.head_dim)
+    k = max(
+        config.hidden_size, config.intermediate_size, config.num_attention_heads * config.head_dim
+    )
     return q8_1_scratch_bytes(m, k)
 
 

@@ -9,8 +9,13 @@ import dataclasses
 import os
 from collections.abc import Mapping
 
-__all__ = ["Levers", "ENV_GGUF_NATIVE_Q2", "ENV_GGUF_NATIVE_Q2_MMQ", "ENV_FP8_ROWWISE",
-           "ENV_ATTN_DECODE_SPLITK"]
+__all__ = [
+    "Levers",
+    "ENV_GGUF_NATIVE_Q2",
+    "ENV_GGUF_NATIVE_Q2_MMQ",
+    "ENV_FP8_ROWWISE",
+    "ENV_ATTN_DECODE_SPLITK",
+]
 
 ENV_GGUF_NATIVE_Q2 = "JAXARENA_GGUF_NATIVE_Q2"
 ENV_GGUF_NATIVE_Q2_MMQ = "JAXARENA_GGUF_NATIVE_Q2_MMQ"

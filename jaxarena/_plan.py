@@ -149,9 +149,7 @@ class ArenaPlan:
     # -- construction ---------------------------------------------------------------------------
 
     @classmethod
-    def sequential(
-        cls, sizes: Any, *, align_bytes: int = 256, guard_bytes: int = 0
-    ) -> ArenaPlan:
+    def sequential(cls, sizes: Any, *, align_bytes: int = 256, guard_bytes: int = 0) -> ArenaPlan:
         """Gives every non-empty buffer its own region, in the given order.
 
         Args:
@@ -238,9 +236,7 @@ class ArenaPlan:
             raise ArenaError("pass device= or sharding=, not both")
         shape = self.arena_shape
         if sharding is None:
-            out = (
-                jax.sharding.SingleDeviceSharding(device) if device is not None else None
-            )
+            out = jax.sharding.SingleDeviceSharding(device) if device is not None else None
             init = jax.jit(self._init_local, out_shardings=out)
             return init()
         num = self._num_shards(sharding)
@@ -299,6 +295,13 @@ class ArenaPlan:
         bitcast (`lax.bitcast_convert_type`). The result is a value, not an alias: write it
         back with `write` to change the arena.
 
+        Read from the newest arena, right where the value is needed. XLA orders in-place
+        updates by data dependencies only: a view of an older arena version that is still
+        consumed after a later `write` (a residual held across a block, say) makes XLA copy
+        the WHOLE arena to keep that version alive. Views consumed before the next write, or
+        taken again from the newest arena where they are used, keep every write in place
+        (`jaxarena.testing.assert_footprint(..., max_temp_bytes=...)` catches the copy).
+
         Raises:
           ArenaError: unknown or empty region, a non-static shape, or a view larger than the
             region (`prod(shape) * itemsize > nbytes`), at trace time.
@@ -353,19 +356,23 @@ class ArenaPlan:
         """
         if not self.guard_bytes:
             raise ArenaError("check_guards: this plan has no guard bands (guard_bytes=0)")
-        shards = (
-            [s.data for s in arena.addressable_shards]
-            if tuple(arena.shape) != self.arena_shape
-            else [arena]
-        )
-        broken: list[str] = []
-        for local in shards:
-            ok = np.asarray(self._guards_ok(local))
-            broken.extend(r.name for r, good in zip(self.region_list, ok, strict=True)
-                          if not good and r.name not in broken)  # fmt: skip
+        if tuple(arena.shape) == self.arena_shape:
+            ok = np.asarray(self._guards_ok(arena))[None]
+        else:
+            ok = np.asarray(self._sharded_guards_ok(arena.sharding)(arena))
+        broken = [r.name for i, r in enumerate(self.region_list) if not ok[:, i].all()]
         if strict and broken:
             raise GuardError(f"guard bands overwritten after regions: {', '.join(broken)}")
         return broken
+
+    def _sharded_guards_ok(self, sharding: Any):
+        # One shard_map over the global array: a single compile checks every device's arena.
+        self._num_shards(sharding)
+        spec = sharding.spec
+        return jax.jit(
+            jax.shard_map(lambda a: self._guards_ok(a)[None], mesh=sharding.mesh,
+                          in_specs=(spec,), out_specs=jax.sharding.PartitionSpec(spec[0]))
+        )  # fmt: skip
 
     @functools.partial(jax.jit, static_argnums=0)
     def _guards_ok(self, arena: jax.Array) -> jax.Array:
@@ -375,6 +382,86 @@ class ArenaPlan:
             [jnp.all(_load_bytes(arena, r.end_bytes, self.guard_bytes) == pattern)
              for r in self.region_list]
         )  # fmt: skip
+
+    # -- packing (issue 8) ------------------------------------------------------------------------
+    # The lifetimes a packed plan was built for (None for other plans). Not part of equality or
+    # hashing: the layout alone decides what a traced step does with the arena.
+    lifetimes: Any = dataclasses.field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def packed(
+        cls, sizes: Any, lifetimes: Any, *, align_bytes: int = 256, guard_bytes: int = 0
+    ) -> ArenaPlan:
+        """Lets buffers that are never live at the same step share bytes.
+
+        Two buffers get disjoint bytes iff their `lifetimes` intersect in some mode; buffers
+        the lifetimes do not name are live always and share nothing. The layout is the best of
+        several greedy best-fit placements (see `jaxarena._packing`); it is never larger than
+        `ArenaPlan.sequential(sizes)` and never smaller than `lower_bound_bytes`. Every
+        non-conflicting pair is listed in `may_alias`.
+
+        Args:
+          sizes: a `BufferSizes` or a `{name: nbytes}` mapping; regions keep its order, zero
+            sizes get none.
+          lifetimes: a `Lifetimes` (`Lifetimes.standard(config)`, `record_lifetimes(step, ...)`).
+          align_bytes: alignment of every region offset (a power of two).
+          guard_bytes: guard band after every region; no region ever covers another's guard,
+            so `check_guards` stays meaningful on a packed arena.
+
+        Returns:
+          The plan; `plan.lifetimes` keeps `lifetimes` (used by `lower_bound_bytes` and
+          `validate`). Steps run on it exactly as on a sequential plan (views, writes,
+          donation), as long as they respect the lifetimes.
+        """
+        from jaxarena import _packing
+
+        return _packing.packed_plan(
+            cls, sizes, lifetimes, align_bytes=align_bytes, guard_bytes=guard_bytes
+        )
+
+    @property
+    def lower_bound_bytes(self) -> int:
+        """Peak bytes live at one step under `self.lifetimes`: no layout can be smaller.
+
+        Each region counts `round_up(nbytes + guard_bytes, align_bytes)`; the peak is the
+        maximum over modes and steps. A plan without lifetimes (e.g. sequential) treats every
+        region as live always, so its bound is the sum of its regions. For a sequential plan's
+        bound under some lifetimes use `lifetimes.lower_bound_bytes(sizes, align_bytes=...)`.
+        """
+        from jaxarena._lifetimes import Lifetimes
+
+        lt = self.lifetimes if self.lifetimes is not None else Lifetimes({}, num_steps={"all": 1})
+        sizes = {r.name: r.nbytes for r in self.region_list}
+        return lt.lower_bound_bytes(
+            sizes, align_bytes=self.align_bytes, guard_bytes=self.guard_bytes
+        )
+
+    def validate(self, lifetimes: Any = None) -> None:
+        """Checks that no two regions live at the same step share a byte.
+
+        Args:
+          lifetimes: the `Lifetimes` to check against (default: `self.lifetimes`; with none,
+            every region is live always and no two may overlap).
+
+        Raises:
+          ArenaError: listing EVERY violation at once: each pair of conflicting regions that
+            shares bytes (with the shared bytes and the first common live steps), and with
+            guard bands, each region covering another region's guard band.
+        """
+        from jaxarena import _packing
+        from jaxarena._lifetimes import Lifetimes
+
+        lt = lifetimes if lifetimes is not None else self.lifetimes
+        if lt is None:
+            lt = Lifetimes({}, num_steps={"all": 1})
+        if not isinstance(lt, Lifetimes):
+            raise ArenaError(f"lifetimes must be a Lifetimes, got {type(lt).__name__}")
+        problems = _packing.plan_violations(self, lt)
+        if problems:
+            raise ArenaError(
+                f"plan violates its lifetimes ({len(problems)} problems):\n  - "
+                + "\n  - ".join(problems)
+            )
 
 
 # -- byte plumbing ----------------------------------------------------------------------------
@@ -466,24 +553,37 @@ def _load_bytes(arena: jax.Array, offset: int, nbytes: int) -> jax.Array:
 
 
 def _store_bytes(arena: jax.Array, offset: int, raw: jax.Array) -> jax.Array:
-    """Stores `raw` (uint8, any shape) at byte `offset`, keeping the bytes around it."""
-    nbytes = raw.size
-    r0, lo = divmod(offset, ROW_BYTES)
-    r1 = -(-(offset + nbytes) // ROW_BYTES)
-    hi = r1 * ROW_BYTES - (offset + nbytes)  # bytes of the last row after the value
-    if lo == 0 and hi == 0:
-        block = raw.reshape(r1 - r0, ROW_BYTES)
-    else:
-        # Merge the partial first/last rows with the arena's current bytes.
-        parts = []
-        if lo:
-            parts.append(lax.slice(arena, (r0, 0), (r0 + 1, lo)).reshape(-1))
-        parts.append(raw.reshape(-1))
-        if hi:
-            parts.append(lax.slice(arena, (r1 - 1, ROW_BYTES - hi), (r1, ROW_BYTES)).reshape(-1))
-        block = jnp.concatenate(parts).reshape(r1 - r0, ROW_BYTES)
-    zero = jnp.zeros((), jnp.int32)
-    return lax.dynamic_update_slice(arena, block, (jnp.int32(r0), zero))
+    """Stores `raw` (uint8, any shape) at byte `offset`, leaving every other byte alone.
+
+    Whole rows go in with one `dynamic_update_slice`; a partial first or last row gets a
+    `(1, k)` update of its own. The arena is never read here: a read-modify-write of the
+    partial rows would give XLA a read of the old arena next to the in-place update, which it
+    resolves by copying the whole arena.
+    """
+    n = raw.size
+    r, lo = divmod(offset, ROW_BYTES)
+    zero = jnp.int32(0)
+    if lo == 0 and n % ROW_BYTES == 0:
+        return lax.dynamic_update_slice(arena, raw.reshape(n // ROW_BYTES, ROW_BYTES),
+                                        (jnp.int32(r), zero))  # fmt: skip
+    flat = raw.reshape(-1)
+    pos = 0
+    if lo:
+        k = min(ROW_BYTES - lo, n)
+        arena = lax.dynamic_update_slice(
+            arena, flat[:k].reshape(1, k), (jnp.int32(r), jnp.int32(lo))
+        )
+        pos, r = k, r + 1
+    full = (n - pos) // ROW_BYTES
+    if full:
+        body = flat[pos : pos + full * ROW_BYTES].reshape(full, ROW_BYTES)
+        arena = lax.dynamic_update_slice(arena, body, (jnp.int32(r), zero))
+        pos, r = pos + full * ROW_BYTES, r + full
+    if pos < n:
+        arena = lax.dynamic_update_slice(
+            arena, flat[pos:].reshape(1, n - pos), (jnp.int32(r), zero)
+        )
+    return arena
 
 
 def format_bytes(n: int) -> str:

@@ -219,8 +219,9 @@ class BufferSizes:
         )
 
         if is_moe:
-            expert_inter = k_max * max(c.num_experts_per_tok * c.moe_intermediate_size,
-                                       c.intermediate_size)
+            expert_inter = k_max * max(
+                c.num_experts_per_tok * c.moe_intermediate_size, c.intermediate_size
+            )
             # LatentMoE experts write moe_latent_size-wide rows.
             expert_down_out = k_max * c.num_experts_per_tok * c.moe_input_size * _BF16
         else:

@@ -134,9 +134,7 @@ def assert_footprint(
             continue
         ok = measured <= limit if op == "<=" else measured >= limit
         failed |= not ok
-        lines.append(
-            f"{name:<22}{measured:>16,}  {op:<4}{limit:>16,}  {'ok' if ok else 'FAILED'}"
-        )
+        lines.append(f"{name:<22}{measured:>16,}  {op:<4}{limit:>16,}  {'ok' if ok else 'FAILED'}")
     if failed:
         name = getattr(fn, "__name__", repr(fn))
         raise AssertionError(f"memory footprint of {name} out of bounds:\n" + "\n".join(lines))
@@ -146,10 +144,10 @@ def assert_footprint(
 class TraceCounter:
     """Wraps a Python function and counts how many times it runs, i.e. is traced under jit.
 
-        counter = count_traces(step)
-        jitted = jax.jit(counter, donate_argnums=0)
-        ...  # run many steps
-        assert_traced_at_most(counter, 1)
+    counter = count_traces(step)
+    jitted = jax.jit(counter, donate_argnums=0)
+    ...  # run many steps
+    assert_traced_at_most(counter, 1)
     """
 
     def __init__(self, fn: Callable) -> None:

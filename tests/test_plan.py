@@ -16,7 +16,6 @@ from jaxarena.testing import (
     assert_footprint,
     assert_traced_at_most,
     count_traces,
-    memory_footprint,
 )
 
 SMALL = {"a": 1000, "empty": 0, "b": 300, "c": 4096, "d": 17}
@@ -40,14 +39,18 @@ def test_sequential_alignment_and_no_overlap_property():
         p = ArenaPlan.sequential(sizes, align_bytes=align, guard_bytes=int(rng.integers(0, 40)))
         spans = sorted((r.offset_bytes, r.end_bytes + p.guard_bytes) for r in p.regions.values())
         assert all(o % align == 0 for o, _ in spans)
-        assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:]))
+        assert all(
+            a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:], strict=False)
+        )
         assert spans[-1][1] <= p.total_bytes
         assert {n for n, v in sizes.items() if v} == set(p.regions)
 
 
 def test_plan_from_buffer_sizes_keeps_seed_order_and_skips_zero():
     cfg = ModelConfig.preset("qwen3-8b")
-    sizes = BufferSizes.from_config(cfg, 64, 4096, 16, 8, levers=Levers(), target=Target.preset("gb10"))
+    sizes = BufferSizes.from_config(
+        cfg, 64, 4096, 16, 8, levers=Levers(), target=Target.preset("gb10")
+    )
     p = ArenaPlan.sequential(sizes)
     nonzero = [k for k, v in sizes.as_dict().items() if v]
     assert list(p.regions) == nonzero
@@ -297,9 +300,20 @@ def test_sharded_arena_one_per_device_in_place():
     for _ in range(3):
         arena, acc = step(arena, x)
     assert [s.data.unsafe_buffer_pointer() for s in arena.addressable_shards] == ptrs
-    np.testing.assert_array_equal(np.asarray(acc), 3 * np.arange(64, dtype=np.float32).reshape(8, 8))
+    np.testing.assert_array_equal(
+        np.asarray(acc), 3 * np.arange(64, dtype=np.float32).reshape(8, 8)
+    )
     for i, shard in enumerate(arena.addressable_shards):
         local = np.asarray(shard.data)
         np.testing.assert_array_equal(local.reshape(-1)[:32].view(np.float32), np.arange(8) + 8 * i)
     assert p.check_guards(arena) == []
+    # Break the guard after "acc" on device 3 only: the sharded check names it.
+    shards = [np.array(s.data) for s in arena.addressable_shards]
+    end = p.regions["acc"].end_bytes
+    shards[3].reshape(-1)[end] ^= 0xFF
+    broken = jax.make_array_from_single_device_arrays(
+        arena.shape, arena.sharding,
+        [jax.device_put(a, s.device) for a, s in zip(shards, arena.addressable_shards, strict=True)],
+    )  # fmt: skip
+    assert p.check_guards(broken) == ["acc"]
     assert ml_dtypes  # float8 dtypes come from ml_dtypes; imported so the dependency is explicit

@@ -272,9 +272,7 @@ LEVER_BUFFERS = {
 @pytest.mark.parametrize("lever", list(LEVER_BUFFERS))
 def test_each_lever_changes_exactly_its_buffer(lever):
     base = BufferSizes.from_config(K, 300, 4096, 16, 8, levers=NO_LEVERS, target=GB10)
-    on = BufferSizes.from_config(
-        K, 300, 4096, 16, 8, levers=Levers(**{lever: True}), target=GB10
-    )
+    on = BufferSizes.from_config(K, 300, 4096, 16, 8, levers=Levers(**{lever: True}), target=GB10)
     changed = {k for k, v in on.as_dict().items() if v != base.as_dict()[k]}
     assert changed == LEVER_BUFFERS[lever]
     assert all(base.as_dict()[k] == 0 for k in changed)

@@ -22,6 +22,14 @@ TOLERANCES: dict[tuple[str, str], dict[str, float]] = {
     ("ssd", "bfloat16"): dict(atol=1e-2, rtol=1e-2),
     # Reference models (end to end): f32 logits through a few layers.
     ("model", "float32"): dict(atol=1e-4, rtol=1e-4),
+    # Reference models storing activations in bf16 buffers, arena vs plain (tiny-hybrid):
+    # both round at the same points, but f32 reassociation (split-K merge, SSD chunking, conv
+    # and norm order) flips an occasional bf16 rounding, and a flipped input near an e4m3
+    # rounding boundary moves one FP8 activation by a whole e4m3 step (2^-3 relative). Without
+    # the FP8 projections the logits agree to 1-2 bf16 ulps (<= 0.031 at |logit| <= 4.3); with
+    # them the largest difference measured over 33 steps x 4 sequences x 512 logits was 0.094
+    # (seed 0) and 0.098 (seed 1). The bound is 1.5x that.
+    ("model", "bfloat16"): dict(atol=0.15, rtol=0.0),
 }
 
 

@@ -1,0 +1,378 @@
+"""The lifetime-aware packer behind `ArenaPlan.packed`, plan validation against lifetimes, and
+`packing_report` (the numbers `jaxarena plan --packed` prints).
+
+The packer is the offline greedy best-fit used by memory planners (TFLite's arena planner,
+XLA's heap simulator with a global decreasing-size order): buffers are placed one at a time;
+each goes into the tightest gap (the leading gap at offset 0 included) left between the
+already-placed buffers it conflicts with, or on top of them when no gap fits. It runs
+several placement orders (by size, lifetime length, start, size x length, crowding, peak
+members first) with best-fit and first-fit, keeps the smallest layout, and stops as soon as a
+layout reaches the lower bound (the peak of live bytes, `Lifetimes.peak`), which no layout can
+beat.
+
+Guard bands: with `guard_bytes > 0` a region occupies `nbytes + guard_bytes`. Besides never
+overlapping a conflicting buffer, no region's bytes may cover another region's guard band
+(even a non-conflicting one's) and two guard bands are disjoint or identical, so `allocate`
+and `check_guards` keep working on a packed arena: a legitimate write to a shared byte never
+reads as an overrun. Two non-conflicting guarded regions can therefore share bytes only when
+they end at the same byte (their guard bands then coincide): packing saves much less with
+guards, which are a debugging aid.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Callable
+from typing import Any
+
+from jaxarena._lifetimes import Interval, Lifetimes
+from jaxarena._plan import (
+    ROW_BYTES,
+    ArenaError,
+    ArenaPlan,
+    Region,
+    _is_pow2,
+    _round_up,
+    _size_items,
+)
+
+__all__ = ["pack", "packed_plan", "plan_violations", "packing_report"]
+
+_INF = math.inf
+# Local search: placements tried after the greedy orders, and how many of the highest buffers
+# each round tries to move. Counted, not timed, so that a plan never depends on machine speed.
+_SEARCH_BUDGET = 400
+_SEARCH_TOPS = 4
+
+
+class _Buf:
+    """One buffer being placed: its bytes, its footprint and its live intervals."""
+
+    __slots__ = ("name", "nbytes", "span", "intervals", "by_mode", "length", "start", "index")
+
+    def __init__(self, index: int, name: str, nbytes: int, guard: int, lt: Lifetimes) -> None:
+        self.index = index
+        self.name = name
+        self.nbytes = nbytes
+        self.span = nbytes + guard  # bytes it occupies from its offset, guard band included
+        self.intervals = lt.intervals(name)
+        self.by_mode: dict[str, tuple[list[int], list[int]]] = {}
+        for iv in self.intervals:
+            starts, ends = self.by_mode.setdefault(iv.mode, ([], []))
+            starts.append(iv.start)
+            ends.append(iv.end)
+        steps = lt.num_steps
+        # Share of each mode's steps it is live in, summed over modes (modes of different
+        # step counts weigh the same), and its earliest relative start.
+        self.length = sum((iv.end - iv.start) / steps[iv.mode] for iv in self.intervals)
+        self.start = min((iv.start / steps[iv.mode] for iv in self.intervals), default=1.0)
+
+
+def pack(
+    sizes: Any, lifetimes: Lifetimes, *, align_bytes: int = 256, guard_bytes: int = 0
+) -> tuple[dict[str, int], int, str]:
+    """Offsets for the non-empty buffers of `sizes` so that conflicting buffers never share a byte.
+
+    Returns:
+      `(offsets, end_bytes, order)`: `{name: offset_bytes}` (multiples of `align_bytes`), the
+      end of the highest region (guard band included), and the name of the placement order
+      that won.
+    """
+    bufs, conflict = _prepare(sizes, lifetimes, align_bytes, guard_bytes)
+    if not bufs:
+        return {}, 0, "empty"
+    lower = lifetimes.lower_bound_bytes(sizes, align_bytes=align_bytes, guard_bytes=guard_bytes)
+    unit = max(align_bytes, ROW_BYTES)
+    best: tuple[int, dict[str, int], str] | None = None
+    for order_name, order in _orders(bufs, conflict, lifetimes, sizes, align_bytes, guard_bytes):
+        for fit in ("best", "first"):
+            offsets = _place(order, conflict, align_bytes, guard_bytes, fit)
+            end = max(offsets[b.index] + b.span for b in bufs)
+            if best is None or end < best[0]:
+                best = (end, {b.name: offsets[b.index] for b in bufs}, f"{order_name}/{fit}")
+                best_order, best_fit = order, fit
+            if _round_up(best[0], unit) <= _round_up(lower, unit):
+                return best[1], best[0], best[2]
+    assert best is not None
+    # Local search from the winning order: move one of the buffers that end highest to an
+    # earlier place in the order. A fixed number of tries keeps the result deterministic.
+    order = best_order
+    budget = _SEARCH_BUDGET
+    improved = True
+    while improved and budget > 0 and _round_up(best[0], unit) > _round_up(lower, unit):
+        improved = False
+        offsets = _place(order, conflict, align_bytes, guard_bytes, best_fit)
+        tops = sorted(order, key=lambda b: (-(offsets[b.index] + b.span), b.index))[:_SEARCH_TOPS]
+        for b in tops:
+            i = order.index(b)
+            for pos in range(i):
+                trial = order[:pos] + [b] + order[pos:i] + order[i + 1 :]
+                offsets = _place(trial, conflict, align_bytes, guard_bytes, best_fit)
+                end = max(offsets[c.index] + c.span for c in bufs)
+                budget -= 1
+                if end < best[0]:
+                    best = (end, {c.name: offsets[c.index] for c in bufs}, best[2] + "+search")
+                    order, improved = trial, True
+                    break
+                if budget <= 0:
+                    break
+            if improved or budget <= 0:
+                break
+    return best[1], best[0], best[2]
+
+
+def packed_plan(
+    cls: type[ArenaPlan],
+    sizes: Any,
+    lifetimes: Lifetimes,
+    *,
+    align_bytes: int = 256,
+    guard_bytes: int = 0,
+) -> ArenaPlan:
+    """`ArenaPlan.packed`: regions in the order of `sizes`, offsets from `pack`."""
+    if not isinstance(lifetimes, Lifetimes):
+        raise ArenaError(
+            f"lifetimes must be a Lifetimes (Lifetimes.standard(config), record_lifetimes(...)), "
+            f"got {type(lifetimes).__name__}"
+        )
+    if not _is_pow2(align_bytes):
+        raise ArenaError(f"align_bytes={align_bytes!r} must be a power of two")
+    if isinstance(guard_bytes, bool) or not isinstance(guard_bytes, int) or guard_bytes < 0:
+        raise ArenaError(f"guard_bytes={guard_bytes!r} must be an int >= 0")
+    items = [(n, b) for n, b in _size_items(sizes) if b]
+    offsets, end, _ = pack(sizes, lifetimes, align_bytes=align_bytes, guard_bytes=guard_bytes)
+    regions = tuple(Region(n, offsets[n], b) for n, b in items)
+    # Rounded to the alignment too, so that total_bytes >= the lower bound (whose buffers each
+    # count rounded up to align_bytes) even for align_bytes > ROW_BYTES; like `sequential`.
+    total = _round_up(end, max(align_bytes, ROW_BYTES)) if regions else ROW_BYTES
+    names = [n for n, _ in items]
+    may_alias = frozenset(
+        frozenset((a, b))
+        for i, a in enumerate(names)
+        for b in names[i + 1 :]
+        if not lifetimes.conflicts(a, b)
+    )
+    return cls(regions, total, align_bytes, guard_bytes, may_alias, lifetimes=lifetimes)
+
+
+def plan_violations(plan: ArenaPlan, lifetimes: Lifetimes) -> list[str]:
+    """Every way `plan` breaks `lifetimes`: conflicting regions that share bytes, and (with
+    guard bands) regions whose bytes cover another region's guard band."""
+    problems: list[str] = []
+    g = plan.guard_bytes
+    regions = sorted(plan.region_list, key=lambda r: r.offset_bytes)
+    for i, a in enumerate(regions):
+        for b in regions[i + 1 :]:
+            if b.offset_bytes >= a.end_bytes + g:
+                break
+            common = lifetimes.common_step(a.name, b.name)
+            lo, hi = b.offset_bytes, min(a.end_bytes + g, b.end_bytes + g)
+            if common is not None:
+                problems.append(
+                    f"{a.name!r} [{a.offset_bytes}, {a.end_bytes}) and {b.name!r} "
+                    f"[{b.offset_bytes}, {b.end_bytes}) share bytes [{lo}, {hi}) but are both "
+                    f"live in {common.mode} steps [{common.start}, {common.end})"
+                    + _label(lifetimes, common)
+                )
+            elif g:
+                # Not live together, so they may share bytes, but a guard band must stay
+                # untouched by every other region, and two guard bands must be disjoint or
+                # identical (allocate writes each one; identical bands hold the same pattern).
+                for x, y in ((a, b), (b, a)):
+                    if x.offset_bytes < y.end_bytes + g and y.end_bytes < x.end_bytes:
+                        problems.append(
+                            f"{x.name!r} [{x.offset_bytes}, {x.end_bytes}) covers the guard band "
+                            f"[{y.end_bytes}, {y.end_bytes + g}) of {y.name!r}"
+                        )
+                if a.end_bytes != b.end_bytes and abs(a.end_bytes - b.end_bytes) < g:
+                    problems.append(
+                        f"the guard bands of {a.name!r} [{a.end_bytes}, {a.end_bytes + g}) and "
+                        f"{b.name!r} [{b.end_bytes}, {b.end_bytes + g}) overlap"
+                    )
+    return problems
+
+
+def packing_report(sizes: Any, lifetimes: Lifetimes, align_bytes: int = 256) -> dict[str, Any]:
+    """The numbers behind `jaxarena plan --packed`, as plain JSON-ready data.
+
+    Returns:
+      `{"sequential_bytes", "packed_bytes", "lower_bound_bytes", "peak", "regions"}`: the
+      totals of `ArenaPlan.sequential(sizes)` and `ArenaPlan.packed(sizes, lifetimes)`, the
+      lower bound (`lifetimes.lower_bound_bytes`), the peak as `[mode, step, label]`, and one
+      dict per region in the order of `sizes`: `name`, `offset_bytes`, `nbytes` and `live`,
+      a list of `[mode, start, end]` half-open step intervals (every step of every mode for a
+      buffer the lifetimes do not name).
+    """
+    seq = ArenaPlan.sequential(sizes, align_bytes=align_bytes)
+    plan = ArenaPlan.packed(sizes, lifetimes, align_bytes=align_bytes)
+    peak = lifetimes.peak(sizes, align_bytes=align_bytes)
+    return {
+        "sequential_bytes": seq.total_bytes,
+        "packed_bytes": plan.total_bytes,
+        "lower_bound_bytes": peak.bytes,
+        "peak": [peak.mode, peak.step, lifetimes.label(peak.mode, peak.step)],
+        "regions": [
+            {
+                "name": r.name,
+                "offset_bytes": r.offset_bytes,
+                "nbytes": r.nbytes,
+                "live": [list(iv) for iv in lifetimes.intervals(r.name)],
+            }
+            for r in plan.region_list
+        ],
+    }
+
+
+# -- placement ---------------------------------------------------------------------------------
+
+
+def _prepare(
+    sizes: Any, lt: Lifetimes, align: int, guard: int
+) -> tuple[list[_Buf], list[list[bool]]]:
+    bufs = [
+        _Buf(i, n, b, guard, lt)
+        for i, (n, b) in enumerate((n, b) for n, b in _size_items(sizes) if b)
+    ]
+    n = len(bufs)
+    conflict = [[False] * n for _ in range(n)]
+    for i in range(n):
+        for j in range(i + 1, n):
+            if _intersect(bufs[i].intervals, bufs[j].intervals):
+                conflict[i][j] = conflict[j][i] = True
+    return bufs, conflict
+
+
+def _intersect(a: tuple[Interval, ...], b: tuple[Interval, ...]) -> bool:
+    i = j = 0
+    while i < len(a) and j < len(b):
+        x, y = a[i], b[j]
+        if x.mode != y.mode:
+            if x.mode < y.mode:
+                i += 1
+            else:
+                j += 1
+        elif x.start < y.end and y.start < x.end:
+            return True
+        elif x.end <= y.end:
+            i += 1
+        else:
+            j += 1
+    return False
+
+
+def _orders(
+    bufs: list[_Buf],
+    conflict: list[list[bool]],
+    lt: Lifetimes,
+    sizes: Any,
+    align: int,
+    guard: int,
+) -> list[tuple[str, list[_Buf]]]:
+    crowd = {b.index: sum(c.span for c in bufs if conflict[b.index][c.index]) for b in bufs}
+    peak = set(lt.peak(sizes, align_bytes=align, guard_bytes=guard).names)
+    # Greedy by breadth (TFLite): walk the steps from the most crowded down, taking the buffers
+    # live there not taken yet, largest first.
+    breadth: list[_Buf] = []
+    taken: set[int] = set()
+    for _, mode, step in _steps_by_breadth(bufs):
+        if len(taken) == len(bufs):
+            break
+        live = [b for b in bufs if b.index not in taken and _live_at(b, mode, step)]
+        for b in sorted(live, key=lambda b: (-b.span, b.index)):
+            breadth.append(b)
+            taken.add(b.index)
+    breadth.extend(sorted((b for b in bufs if b.index not in taken), key=lambda b: -b.span))
+    keys: list[tuple[str, Callable[[_Buf], tuple]]] = [
+        ("peak-first", lambda b: (b.name not in peak, -b.span, -b.length, b.index)),
+        ("size", lambda b: (-b.span, -b.length, b.index)),
+        ("size*length", lambda b: (-b.span * b.length, -b.span, b.index)),
+        ("length", lambda b: (-b.length, -b.span, b.index)),
+        ("crowding", lambda b: (-crowd[b.index], -b.span, b.index)),
+        ("start", lambda b: (b.start, -b.span, b.index)),
+    ]
+    return [("breadth", breadth)] + [(name, sorted(bufs, key=key)) for name, key in keys]
+
+
+def _live_at(b: _Buf, mode: str, step: int) -> bool:
+    starts, ends = b.by_mode.get(mode, ((), ()))
+    i = bisect.bisect_right(starts, step) - 1
+    return i >= 0 and step < ends[i]
+
+
+def _steps_by_breadth(bufs: list[_Buf]) -> list[tuple[int, str, int]]:
+    """`(live bytes, mode, step)` at every step where some interval starts, most bytes first."""
+    deltas: dict[str, list[tuple[int, int]]] = {}
+    for b in bufs:
+        for iv in b.intervals:
+            deltas.setdefault(iv.mode, []).extend(((iv.start, b.span), (iv.end, -b.span)))
+    rows = []
+    for mode, events in deltas.items():
+        events.sort()
+        live, i = 0, 0
+        while i < len(events):
+            step, starts = events[i][0], False
+            while i < len(events) and events[i][0] == step:
+                live += events[i][1]
+                starts = starts or events[i][1] > 0
+                i += 1
+            if starts:
+                rows.append((live, mode, step))
+    return sorted(rows, key=lambda r: (-r[0], r[1], r[2]))
+
+
+def _place(
+    order: list[_Buf], conflict: list[list[bool]], align: int, guard: int, fit: str
+) -> dict[int, int]:
+    """Offsets (by buffer index) for `order`, placed one at a time."""
+    placed: list[tuple[_Buf, int]] = []
+    offsets: dict[int, int] = {}
+    for b in order:
+        # Offsets `o` that are forbidden: lo < o < hi for each (lo, hi).
+        forbidden: list[tuple[int, int]] = []
+        for p, po in placed:
+            if conflict[b.index][p.index]:
+                forbidden.append((po - b.span, po + p.span))
+            elif guard:
+                # May share bytes, but b's bytes must not cover p's guard band, b's guard band
+                # must not cover p's bytes, and two guard bands are disjoint or identical. All
+                # three hold outside (po - b.nbytes - guard, p_end + guard), and at the one
+                # offset inside that makes b end where p ends.
+                p_end = po + p.nbytes
+                forbidden.append((po - b.nbytes - guard, p_end - b.nbytes))
+                forbidden.append((p_end - b.nbytes, p_end + guard))
+        o = _best_offset(forbidden, align, fit)
+        offsets[b.index] = o
+        placed.append((b, o))
+    return offsets
+
+
+def _best_offset(forbidden: list[tuple[int, int]], align: int, fit: str) -> int:
+    """The aligned offset >= 0 outside every open interval of `forbidden`: in the tightest
+    bounded gap (`fit="best"`, ties to the lowest) or the lowest one (`fit="first"`)."""
+    # Closed integer ranges of forbidden offsets, merged.
+    closed = sorted((lo + 1, hi - 1) for lo, hi in forbidden if lo + 1 <= hi - 1)
+    gaps: list[tuple[int, float]] = []
+    cursor = 0  # lowest offset not yet known to be forbidden
+    for lo, hi in closed:
+        if lo > cursor:
+            gaps.append((cursor, lo - 1))
+        cursor = max(cursor, hi + 1)
+    gaps.append((cursor, _INF))
+    best: tuple[float, int] | None = None
+    for g0, g1 in gaps:
+        o = _round_up(g0, align)
+        if o > g1:
+            continue
+        if fit == "first":
+            return o
+        slack = g1 - o  # how far the buffer could still slide: the gap's unused bytes
+        if best is None or (slack, o) < best:
+            best = (slack, o)
+    assert best is not None  # the last gap is unbounded
+    return best[1]
+
+
+def _label(lt: Lifetimes, iv: Interval) -> str:
+    first = lt.label(iv.mode, iv.start)
+    return f" (from {first!r})" if first else ""

@@ -1,0 +1,309 @@
+"""Per-device sizing under tensor parallelism (`tp`) and expert parallelism (`ep`).
+
+`shard_config(config, tp=..., ep=...)` is the `ModelConfig` ONE device sees when the model is
+split as Megatron-LM / vLLM split it for serving; `BufferSizes.from_config` of that config is
+then the per-device arena. The sizing formulas are not duplicated here: every byte still comes
+from `BufferSizes.from_config`, only the model dimensions it reads change.
+
+The split, field by field (anything not listed is kept as is):
+
+  tensor parallel (`tp` devices, activations replicated between layers)
+    hidden_size                      not split (the residual stream is replicated)
+    num_attention_heads              / tp (QKV column-parallel; also MLA's query heads)
+    num_key_value_heads              / tp; when fewer KV heads than devices, each device keeps
+                                     ONE (replicated) KV head, which needs tp % kv_heads == 0
+    intermediate_size                / tp (dense FFN gate/up column-, down row-parallel)
+    shared_expert_intermediate_size  / tp (the shared expert is a dense FFN)
+    moe_intermediate_size            / tp when ep == 1 (experts TP-sharded inside);
+                                     unsplit when ep > 1 (see below)
+    linear_num_key_heads,            / tp (gated-delta-net heads)
+    linear_num_value_heads
+    mamba_num_heads                  / tp
+    n_groups                         / tp; when fewer groups than devices, each device keeps
+                                     ONE (replicated) group, which needs tp % n_groups == 0
+                                     (vLLM's Mamba-2 mixer does the same)
+    vocab_size                       vocab-parallel LM head: the vocabulary is padded up to a
+                                     multiple of `vocab_multiple * tp` (Megatron's
+                                     `make_vocab_size_divisible_by`; default 1, i.e. the least
+                                     padding) and each device holds `padded / tp` columns
+    kv_lora_rank, q_lora_rank,       not split (MLA's down-projections are replicated)
+    qk_rope_head_dim
+    o_groups, o_lora_rank            not split (conservative: a device holding only its
+                                     heads' groups would need less)
+    hc_mult, hc_lowrank              not split (hyper-connections act on hidden-wide streams)
+    index_n_heads, index_head_dim,   not split (the sparse-attention indexer is replicated, as
+    index_topk, ...                  in vLLM's DeepSeek-V3.2 indexer)
+    moe_latent_size                  not split (the LatentMoE latent is hidden-like)
+    head dims, layer counts          never split (no pipeline parallelism here)
+
+  expert parallel (`ep`), vLLM's convention: EP *replaces* TP for the routed experts. Each
+  device holds `num_experts / ep` whole experts (`experts_per_device`), so with ep > 1
+  `moe_intermediate_size` is NOT divided by tp. The router is replicated: every device scores
+  every expert for every token, so the per-device config keeps the GLOBAL `num_experts`
+  (`ModelConfig` has a single expert count, and the router's buffers need the global one).
+  Effect on each MoE buffer:
+    gate_logits, gate_logits_f32     exact: `M * (num_experts + zero_expert_num)` router
+                                     logits, computed on every device
+    scratch (routing ids/weights)    exact: every device holds the full top-k routing
+    expert_gate_out/up_out/down_out  `k_max * top_k * moe_intermediate_size`: the worst case
+                                     that every pick of every token lands on this device's
+                                     experts; exact when top_k <= num_experts / ep (every
+                                     bundled preset), an overestimate otherwise
+    moe_fp8_scratch                  same worst-case expanded rows; its tile worklist counts
+                                     `num_experts + 1` groups where `num_experts / ep + 1`
+                                     would do (a few KiB too many, never too few)
+  `num_experts_per_tok` (top-k) is kept: routing still picks top-k of the global experts.
+
+Uneven splits are `ConfigError`s naming the field, its value and tp/ep; the only roundings
+are the documented ones above (KV-head and group replication, vocabulary padding).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from jaxarena._config import ConfigError, ModelConfig
+from jaxarena._levers import Levers
+from jaxarena._plan import format_bytes
+from jaxarena._sizes import BufferSizes
+from jaxarena._target import Target
+
+__all__ = [
+    "BufferScaling",
+    "experts_per_device",
+    "format_scaling_table",
+    "scaling_table",
+    "shard_config",
+]
+
+# Fields divided exactly by tp, with the reason a reader sees in the error message.
+_SPLIT_BY_TP: dict[str, str] = {
+    "num_attention_heads": "query heads are split over the tensor-parallel devices",
+    "intermediate_size": "the dense FFN is split column-/row-parallel",
+    "shared_expert_intermediate_size": "the shared expert is split like a dense FFN",
+    "linear_num_key_heads": "gated-delta-net key heads are split over the devices",
+    "linear_num_value_heads": "gated-delta-net value heads are split over the devices",
+    "mamba_num_heads": "Mamba-2 heads are split over the devices",
+}
+
+
+def _positive_int(name: str, value: object) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        return f"{name}={value!r} must be a positive int, got {type(value).__name__}"
+    if value < 1:
+        return f"{name}={value} must be >= 1"
+    return None
+
+
+def _split_or_replicate(field: str, value: int, tp: int, problems: list[str]) -> int:
+    """`value / tp`, or 1 (replicated) when `value < tp` and `tp % value == 0`."""
+    if value == 0:
+        return 0
+    if value >= tp:
+        if value % tp:
+            problems.append(
+                f"{field}={value} is not divisible by tp={tp}; with at least as many "
+                f"{field} as devices they are split evenly (choose tp dividing {value})"
+            )
+            return value
+        return value // tp
+    if tp % value:
+        problems.append(
+            f"{field}={value} < tp={tp} and tp is not a multiple of it; each device keeps "
+            f"one replicated copy, which needs tp % {field} == 0"
+        )
+        return value
+    return 1
+
+
+def shard_config(
+    config: ModelConfig, *, tp: int = 1, ep: int = 1, vocab_multiple: int = 1
+) -> ModelConfig:
+    """The `ModelConfig` one device holds under tensor parallelism `tp` and expert parallelism
+    `ep` (the split is documented field by field in this module's docstring).
+
+    `BufferSizes.from_config(shard_config(config, tp=tp, ep=ep), ...)` gives the per-device
+    buffer sizes, i.e. the arena each device of the mesh allocates.
+
+    Args:
+      config: the whole model (what `ModelConfig.from_hf` or `ModelConfig.preset` returns).
+      tp: tensor-parallel degree, a positive int. `tp=1, ep=1` returns an equal config.
+      ep: expert-parallel degree, a positive int; > 1 only for models with routed experts,
+        and must divide `num_experts`. With `ep > 1` the routed experts are not TP-split.
+      vocab_multiple: the vocabulary is padded to a multiple of `vocab_multiple * tp` before
+        it is split (Megatron's `make_vocab_size_divisible_by`, 128 there); 1 pads least.
+
+    Returns:
+      A validated `ModelConfig` with the per-device dimensions. `num_experts` and
+      `num_experts_per_tok` stay global (the router scores every expert on every device); use
+      `experts_per_device` for the experts whose weights a device holds. `source` gets a
+      `[tp=.., ep=..]` suffix when the config has one.
+
+    Raises:
+      ConfigError: `tp`, `ep` or `vocab_multiple` is not a positive int, or a dimension does
+        not split evenly; every problem is listed, each naming the field, its value and tp/ep.
+    """
+    if not isinstance(config, ModelConfig):
+        raise TypeError(f"config must be a ModelConfig, got {type(config).__name__}")
+    where = f" (config from {config.source})" if config.source else ""
+    bad = [
+        p
+        for p in (
+            _positive_int("tp", tp),
+            _positive_int("ep", ep),
+            _positive_int("vocab_multiple", vocab_multiple),
+        )
+        if p
+    ]
+    if bad:
+        raise ConfigError("invalid parallelism:\n  - " + "\n  - ".join(bad))
+
+    problems: list[str] = []
+    changes: dict[str, object] = {}
+    for field, why in _SPLIT_BY_TP.items():
+        value = getattr(config, field)
+        if value % tp:
+            problems.append(f"{field}={value} is not divisible by tp={tp} ({why})")
+        else:
+            changes[field] = value // tp
+    changes["num_key_value_heads"] = _split_or_replicate(
+        "num_key_value_heads", config.num_key_value_heads, tp, problems
+    )
+    changes["n_groups"] = _split_or_replicate("n_groups", config.n_groups, tp, problems)
+
+    if ep > 1:
+        if not config.is_moe:
+            problems.append(
+                f"ep={ep} needs a model with routed experts, but num_experts=0; use ep=1"
+            )
+        elif config.num_experts % ep:
+            problems.append(
+                f"num_experts={config.num_experts} is not divisible by ep={ep} (each device "
+                "holds the same number of whole experts)"
+            )
+        # EP replaces TP for the expert weights (vLLM): whole experts, unsplit width.
+    elif config.moe_intermediate_size % tp:
+        problems.append(
+            f"moe_intermediate_size={config.moe_intermediate_size} is not divisible by "
+            f"tp={tp} (with ep=1 every expert is split column-/row-parallel; pass ep > 1 to "
+            "keep experts whole)"
+        )
+    else:
+        changes["moe_intermediate_size"] = config.moe_intermediate_size // tp
+
+    if problems:
+        raise ConfigError(
+            f"cannot shard the model over tp={tp}, ep={ep}{where}:\n  - " + "\n  - ".join(problems)
+        )
+    multiple = vocab_multiple * tp
+    changes["vocab_size"] = math.ceil(config.vocab_size / multiple) * multiple // tp
+    if config.source:
+        changes["source"] = f"{config.source} [tp={tp}, ep={ep}]"
+    return dataclasses.replace(config, **changes)
+
+
+def experts_per_device(config: ModelConfig, *, ep: int = 1) -> int:
+    """Routed experts whose weights one device holds: `num_experts / ep` (0 for dense models).
+
+    Raises:
+      ConfigError: `ep` is not a positive int, `ep > 1` on a dense model, or `ep` does not
+        divide `num_experts`.
+    """
+    shard_config(config, ep=ep)  # one place validates
+    return config.num_experts // ep
+
+
+@dataclasses.dataclass(frozen=True)
+class BufferScaling:
+    """One buffer's size for the whole model (tp=ep=1) and on one device.
+
+    Attributes:
+      name: the `BufferSizes` field.
+      global_bytes: size for the unsharded model.
+      device_bytes: size on one device of the tp/ep split.
+      tp: the tensor-parallel degree of `device_bytes`.
+    """
+
+    name: str
+    global_bytes: int
+    device_bytes: int
+    tp: int
+
+    @property
+    def ratio(self) -> float:
+        """`device_bytes / global_bytes` (1.0 when both are 0)."""
+        if self.global_bytes == 0:
+            return 1.0 if self.device_bytes == 0 else math.inf
+        return self.device_bytes / self.global_bytes
+
+    @property
+    def kind(self) -> str:
+        """How the buffer scales: `"absent"` (0 bytes both ways), `"replicated"` (unchanged),
+        `"1/tp"` (exactly `global / tp`) or `"partial"` (anything else: a max() of split and
+        unsplit terms, replicated KV heads, vocabulary padding, split-K slots, ...)."""
+        if self.global_bytes == 0 and self.device_bytes == 0:
+            return "absent"
+        if self.device_bytes == self.global_bytes:
+            return "replicated"
+        if self.device_bytes * self.tp == self.global_bytes:
+            return "1/tp"
+        return "partial"
+
+
+def scaling_table(
+    config: ModelConfig,
+    *,
+    tp: int = 1,
+    ep: int = 1,
+    max_batch_tokens: int,
+    max_seq_len: int,
+    kv_block_size: int,
+    max_batch_size: int,
+    levers: Levers | None = None,
+    target: Target | None = None,
+    vocab_multiple: int = 1,
+) -> tuple[BufferScaling, ...]:
+    """Buffer by buffer: the unsharded size, the per-device size under `tp`/`ep`, and so the
+    ratio, at the given serve limits.
+
+    Both columns come from `BufferSizes.from_config` (the global one of `config`, the device
+    one of `shard_config(config, tp=tp, ep=ep, vocab_multiple=vocab_multiple)`), with the same
+    `levers` and `target` (`None`: `Levers.from_env()` and `Target.detect()`, read once).
+
+    Returns:
+      One `BufferScaling` per `BufferSizes` field, in the seed's field order.
+
+    Raises:
+      ConfigError: as `shard_config` and `BufferSizes.from_config`.
+    """
+    levers = Levers.from_env() if levers is None else levers
+    target = Target.detect() if target is None else target
+    local = shard_config(config, tp=tp, ep=ep, vocab_multiple=vocab_multiple)
+    limits = (max_batch_tokens, max_seq_len, kv_block_size, max_batch_size)
+    full = BufferSizes.from_config(config, *limits, levers=levers, target=target).as_dict()
+    dev = BufferSizes.from_config(local, *limits, levers=levers, target=target).as_dict()
+    return tuple(BufferScaling(name, full[name], dev[name], tp) for name in full)
+
+
+def format_scaling_table(rows: tuple[BufferScaling, ...] | list[BufferScaling]) -> str:
+    """A readable table of `scaling_table`'s rows with a total line (absent buffers omitted)."""
+    table = [("buffer", "global", "per device", "ratio", "scales")]
+    for r in rows:
+        if r.kind == "absent":
+            continue
+        table.append(
+            (r.name, format_bytes(r.global_bytes), format_bytes(r.device_bytes),
+             f"{r.ratio:.3f}", r.kind)
+        )  # fmt: skip
+    g = sum(r.global_bytes for r in rows)
+    d = sum(r.device_bytes for r in rows)
+    table.append(("total", format_bytes(g), format_bytes(d), f"{d / g:.3f}" if g else "-", ""))
+    widths = [max(len(row[i]) for row in table) for i in range(5)]
+    lines = [
+        "  ".join(c.ljust(w) if i in (0, 4) else c.rjust(w) for i, (c, w) in
+                  enumerate(zip(row, widths, strict=True))).rstrip()
+        for row in table
+    ]  # fmt: skip
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)

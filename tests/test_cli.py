@@ -1,0 +1,165 @@
+"""The `jaxarena` command line: plan, fit, errors, JSON, packing, sharding, the plot."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+
+from jaxarena import ArenaPlan, BufferSizes, Levers, ModelConfig, Target
+from jaxarena.cli import main, parse_memory
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_plan_default_model_prints_every_region(capsys):
+    code, out, _ = run(capsys, "plan", "--target", "gb10")
+    assert code == 0
+    sizes = BufferSizes.from_config(ModelConfig.preset("qwen3-8b"), 8192, 32768, 16, 64,
+                                    levers=Levers.from_env(), target=Target.preset("gb10"))  # fmt: skip
+    plan = ArenaPlan.sequential(sizes)
+    for name in plan.regions:
+        assert name in out
+    assert f"total: {plan.total_bytes:,} bytes" in out
+
+
+def test_plan_json_matches_the_library(capsys):
+    code, out, _ = run(capsys, "plan", "qwen3-next-80b-a3b", "--json", "--target", "hopper",
+                       "--max-batch-tokens", "2176", "--max-seq-len", "2048",
+                       "--max-batch-size", "128")  # fmt: skip
+    assert code == 0
+    data = json.loads(out)
+    sizes = BufferSizes.from_config(ModelConfig.preset("qwen3-next-80b-a3b"), 2176, 2048, 16,
+                                    128, levers=Levers.from_env(), target=Target.preset("hopper"))  # fmt: skip
+    assert data["buffers"] == sizes.as_dict()
+    assert data["total_bytes"] == ArenaPlan.sequential(sizes).total_bytes
+    assert {r["name"] for r in data["regions"]} == {k for k, v in sizes.as_dict().items() if v}
+
+
+def test_plan_packed_json_can_be_checked_independently(capsys):
+    code, out, _ = run(capsys, "plan", "qwen3-30b-a3b", "--packed", "--json", "--target", "gb10")
+    assert code == 0
+    data = json.loads(out)
+    for key in ("sequential_bytes", "packed_bytes", "lower_bound_bytes", "regions"):
+        assert key in data
+    assert data["lower_bound_bytes"] <= data["packed_bytes"] <= data["sequential_bytes"]
+    regions = data["regions"]
+    assert all({"name", "offset_bytes", "nbytes", "live"} <= set(r) for r in regions)
+
+    # Independent check: two regions live at the same (mode, step) never share a byte.
+    def live_at(r, mode, step):
+        return any(m == mode and s <= step < e for m, s, e in r["live"])
+
+    steps = {(m, s) for r in regions for m, s, _ in r["live"]}
+    for i, a in enumerate(regions):
+        for b in regions[i + 1 :]:
+            overlap = (a["offset_bytes"] < b["offset_bytes"] + b["nbytes"]
+                       and b["offset_bytes"] < a["offset_bytes"] + a["nbytes"])  # fmt: skip
+            if overlap:
+                assert not any(live_at(a, m, s) and live_at(b, m, s) for m, s in steps), (
+                    a["name"],
+                    b["name"],
+                )
+
+
+def test_plan_tp_gives_the_per_device_arena(capsys):
+    code, out, _ = run(capsys, "plan", "qwen3-8b", "--tp", "4", "--json", "--target", "gb10")
+    assert code == 0
+    data = json.loads(out)
+    per_device = ModelConfig.preset("qwen3-8b").shard(tp=4)
+    sizes = BufferSizes.from_config(per_device, 8192, 32768, 16, 64, levers=Levers.from_env(),
+                                    target=Target.preset("gb10"))  # fmt: skip
+    assert data["buffers"] == sizes.as_dict() and data["tp"] == 4
+
+
+def test_plan_from_a_config_file_and_directory(capsys, tmp_path):
+    cfg = tmp_path / "m"
+    cfg.mkdir()
+    (cfg / "config.json").write_text(json.dumps(
+        {"model_type": "llama", "hidden_size": 256, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "intermediate_size": 512, "vocab_size": 1000,
+         "num_hidden_layers": 2}))  # fmt: skip
+    for source in (str(cfg), str(cfg / "config.json")):
+        code, out, _ = run(capsys, "plan", source, "--json")
+        assert code == 0 and json.loads(out)["buffers"]["qkv_output"] > 0
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (("plan", "no-such-model"), "no preset or file named 'no-such-model'"),
+        (("plan", "qwen3-8b", "--max-batch-tokens", "0"), "max_batch_tokens=0"),
+        (("plan", "qwen3-8b", "--target", "tpu"), "unknown target 'tpu'"),
+        (("plan", "qwen3-8b", "--tp", "3"), "not divisible by tp=3"),
+        (("fit", "qwen3-8b", "--memory", "lots"), "--memory 'lots' is not a size"),
+        (("fit", "qwen3-8b", "--memory", "1KiB"), "even max_batch_tokens=1 needs"),
+    ],
+)
+def test_errors_are_one_line_without_traceback(capsys, argv, needle):
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and out == ""
+    assert err.startswith("jaxarena: error: ") and needle in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_bad_config_file_is_one_clear_line(capsys, tmp_path):
+    bad = tmp_path / "config.json"
+    bad.write_text("{not json")
+    code, _, err = run(capsys, "plan", str(bad))
+    assert code == 2 and str(bad) in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_fit_finds_the_largest_batch_that_fits(capsys, packed):
+    extra = ("--packed",) if packed else ()
+    code, out, _ = run(capsys, "fit", "qwen3-8b", "--memory", "3GiB", "--json",
+                       "--target", "gb10", *extra)  # fmt: skip
+    assert code == 0
+    got = json.loads(out)
+    budget = 3 * 1024**3
+    assert got["budget_bytes"] == budget
+
+    def arena(m):
+        sizes = BufferSizes.from_config(ModelConfig.preset("qwen3-8b"), m, 32768, 16, 64,
+                                        levers=Levers.from_env(), target=Target.preset("gb10"))  # fmt: skip
+        if packed:
+            from jaxarena import Lifetimes, packing_report
+
+            lt = Lifetimes.standard(ModelConfig.preset("qwen3-8b"))
+            return packing_report(sizes, lt)["packed_bytes"]
+        return ArenaPlan.sequential(sizes).total_bytes
+
+    m = got["max_batch_tokens"]
+    assert arena(m) == got["arena_bytes"] <= budget < arena(m + 1)
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [("24GiB", 24 * 1024**3), ("80GB", 80 * 10**9), ("1.5 TiB", int(1.5 * 1024**4)),
+     ("4096", 4096), ("512mib", 512 * 1024**2)],
+)  # fmt: skip
+def test_parse_memory(text, expected):
+    assert parse_memory(text) == expected
+
+
+def test_plot_draws_a_png(capsys, tmp_path):
+    pytest.importorskip("matplotlib", reason="the plot is an optional extra: jaxarena[plot]")
+    png = tmp_path / "map.png"
+    code, _, err = run(capsys, "plan", "qwen3-8b", "--plot", str(png))
+    assert code == 0 and "memory map written" in err
+    head = png.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", head[16:24])
+    assert width >= 800 and height >= 300
+
+
+def test_demo_runs_and_reports(capsys):
+    code, out, _ = run(capsys, "demo", "--steps", "3", "--batch", "2")
+    assert code == 0
+    assert "arena buffer moved in 0 of 3 steps" in out
+    assert "traced 1x" in out and "guards broken: none" in out

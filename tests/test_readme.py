@@ -1,0 +1,32 @@
+"""The README's commands and Python example work as written."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def _blocks(lang: str) -> list[str]:
+    return re.findall(rf"```{lang}\n(.*?)```", README.read_text(), flags=re.S)
+
+
+def test_readme_opens_with_plan_and_test_commands():
+    bash = _blocks("bash")
+    assert len(bash) >= 2
+    assert "jaxarena plan" in bash[0] and "pip install" in bash[0]
+    assert "pytest" in bash[1] and "pip install" in bash[1]
+
+
+def test_ci_runs_the_readme_test_command():
+    ci = (README.parent / ".ci" / "run").read_text()
+    test_cmd = _blocks("bash")[1].strip().split("&& ", 2)[-1]  # pip install ... && pytest
+    assert test_cmd in ci
+
+
+def test_readme_python_example_runs():
+    (example,) = _blocks("python")
+    namespace: dict = {}
+    exec(compile(example, str(README), "exec"), namespace)  # noqa: S102
+    assert namespace["plan"].check_guards(namespace["arena"]) == []
