@@ -26,7 +26,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from jaxarena._lifetimes import Interval, Lifetimes
+from jaxarena._lifetimes import Interval, Lifetimes, _first_common
 from jaxarena._plan import (
     ROW_BYTES,
     ArenaError,
@@ -238,27 +238,9 @@ def _prepare(
     conflict = [[False] * n for _ in range(n)]
     for i in range(n):
         for j in range(i + 1, n):
-            if _intersect(bufs[i].intervals, bufs[j].intervals):
+            if _first_common(bufs[i].intervals, bufs[j].intervals) is not None:
                 conflict[i][j] = conflict[j][i] = True
     return bufs, conflict
-
-
-def _intersect(a: tuple[Interval, ...], b: tuple[Interval, ...]) -> bool:
-    i = j = 0
-    while i < len(a) and j < len(b):
-        x, y = a[i], b[j]
-        if x.mode != y.mode:
-            if x.mode < y.mode:
-                i += 1
-            else:
-                j += 1
-        elif x.start < y.end and y.start < x.end:
-            return True
-        elif x.end <= y.end:
-            i += 1
-        else:
-            j += 1
-    return False
 
 
 def _orders(

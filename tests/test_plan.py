@@ -16,6 +16,7 @@ from jaxarena.testing import (
     assert_footprint,
     assert_traced_at_most,
     count_traces,
+    memory_footprint,
 )
 
 SMALL = {"a": 1000, "empty": 0, "b": 300, "c": 4096, "d": 17}
@@ -317,3 +318,49 @@ def test_sharded_arena_one_per_device_in_place():
     )  # fmt: skip
     assert p.check_guards(broken) == ["acc"]
     assert ml_dtypes  # float8 dtypes come from ml_dtypes; imported so the dependency is explicit
+
+
+def test_partial_row_writes_stay_in_place():
+    """Writes that end (or start) mid-row must not read the arena back: a read-modify-write
+    of the partial rows next to the in-place update makes XLA copy the whole arena."""
+    p = ArenaPlan.sequential({"big": 1 << 20, "s1": 100, "s2": 36, "s3": 1000}, align_bytes=4)
+    assert any(r.offset_bytes % ROW_BYTES for r in p.regions.values())
+
+    def step(a, x):
+        a = p.write(a, "s1", x[:25])
+        a = p.write(a, "s2", x[25:34])
+        a = p.write(a, "s3", x[:250])
+        return a, p.view(a, "s2", (9,), jnp.float32)
+
+    jitted = jax.jit(step, donate_argnums=0)
+    arena = p.allocate()
+    x = jnp.arange(250, dtype=jnp.float32)
+    assert_footprint(jitted, arena, x, min_alias_bytes=p.total_bytes, max_temp_bytes=64 * 1024)
+    arena, s2 = jitted(arena, x)
+    np.testing.assert_array_equal(np.asarray(s2), np.arange(25, 34))
+    np.testing.assert_array_equal(np.asarray(p.view(arena, "s1", (25,), jnp.float32)),
+                                  np.arange(25))  # fmt: skip
+
+
+def test_stale_view_costs_a_whole_copy():
+    """The documented pitfall, measured: a view of an old arena version consumed after a later
+    write makes XLA copy the arena (temp >= arena size); reading again from the newest arena
+    keeps the step copy-free."""
+    p = ArenaPlan.sequential({"h": 1 << 20, "n": 1 << 20})
+
+    def stale(a):
+        h = p.view(a, "h", (1 << 18,), jnp.float32)
+        a = p.write(a, "n", h * 2)
+        a = p.write(a, "h", jnp.ones_like(h))
+        return p.write(a, "n", p.view(a, "n", h.shape, h.dtype) + h)  # h is from version 0
+
+    def fresh(a):
+        h = p.view(a, "h", (1 << 18,), jnp.float32)
+        a = p.write(a, "n", h * 3)
+        return p.write(a, "h", jnp.ones_like(h))
+
+    arena = p.allocate()
+    bad = memory_footprint(jax.jit(stale, donate_argnums=0), arena)
+    good = memory_footprint(jax.jit(fresh, donate_argnums=0), arena)
+    assert bad.temp_bytes >= p.total_bytes
+    assert good.temp_bytes <= p.regions["n"].nbytes  # at most the value being written
