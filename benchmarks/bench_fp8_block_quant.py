@@ -12,27 +12,13 @@ from __future__ import annotations
 
 import argparse
 import functools
-import statistics
-import time
-from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _timing import median_seconds  # benchmarks/_timing.py (script dir on sys.path)
 
 from pallas_kernels.fp8_block_quant import fp8_block_quant, fp8_block_quant_reference
-
-
-def _time(fn: Callable[[], object], *, min_seconds: float, max_iters: int) -> float:
-    """Median seconds per call, after one warm-up call (compilation)."""
-    jax.block_until_ready(fn())
-    times: list[float] = []
-    start = time.perf_counter()
-    while len(times) < 3 or (time.perf_counter() - start < min_seconds and len(times) < max_iters):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def traffic_bytes(m: int, k: int, dtype, block_size: int = 128) -> int:
@@ -44,7 +30,7 @@ def copy_bandwidth(*, nbytes: int = 1 << 30, min_seconds: float = 0.5) -> float:
     """Device copy bandwidth in bytes/s: a jitted `a + 1` over `nbytes` of f32 (read + write)."""
     a = jnp.zeros((nbytes // 4,), jnp.float32)
     step = jax.jit(lambda a: a + jnp.float32(1))
-    seconds = _time(lambda: step(a), min_seconds=min_seconds, max_iters=50)
+    seconds = median_seconds(lambda: step(a), min_seconds=min_seconds, max_iters=50)
     return 2 * a.size * 4 / seconds
 
 
@@ -82,10 +68,14 @@ def main(argv: list[str] | None = None) -> None:
     for m in args.m:
         x = jnp.asarray(rng.standard_normal((m, args.k), np.float32), dtype)
         moved = traffic_bytes(m, args.k, dtype)
-        t_ref = _time(lambda x=x: reference(x), min_seconds=args.min_seconds, max_iters=200)
+        t_ref = median_seconds(
+            lambda x=x: reference(x), min_seconds=args.min_seconds, max_iters=200
+        )
         row = f"{m:>6} {moved / 1e6:>9.2f} {t_ref * 1e6:>9.1f} {moved / t_ref / 1e9:>9.2f}"
         if on_gpu:
-            t_k = _time(lambda x=x: kernel(x), min_seconds=args.min_seconds, max_iters=1000)
+            t_k = median_seconds(
+                lambda x=x: kernel(x), min_seconds=args.min_seconds, max_iters=1000
+            )
             row += (
                 f" {t_k * 1e6:>9.1f} {moved / t_k / 1e9:>11.1f}"
                 f" {moved / t_k / peak:>11.1%} {moved / t_ref / peak:>9.1%}"

@@ -24,30 +24,17 @@ from __future__ import annotations
 
 import argparse
 import functools
-import statistics
-import time
 from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _timing import median_seconds  # benchmarks/_timing.py (script dir on sys.path)
 
 from jaxarena import Target
 from pallas_kernels.splitk_decode_attention import splitk_decode_attention, splitk_num_splits
 
 HQ, HKV, HEAD_DIM, BLOCK_SIZE = 32, 4, 128, 16
-
-
-def _time(fn: Callable[[], object], *, min_seconds: float, max_iters: int) -> float:
-    """Median seconds per call, after one warm-up call (compilation)."""
-    jax.block_until_ready(fn())
-    times: list[float] = []
-    start = time.perf_counter()
-    while len(times) < 3 or (time.perf_counter() - start < min_seconds and len(times) < max_iters):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def kv_read_bytes(batch: int, context: int, dtype=jnp.bfloat16) -> int:
@@ -143,7 +130,7 @@ def _run_case(batch, context, rng, *, kernel, gqa, target, min_seconds, max_iter
     nbytes = kv_read_bytes(batch, context)
 
     def timed(fn):
-        return _time(fn, min_seconds=min_seconds, max_iters=max_iters)
+        return median_seconds(fn, min_seconds=min_seconds, max_iters=max_iters)
 
     t_x = timed(lambda: xla_paged_decode(q, k_cache, v_cache, tables, lens))
     row = f"{batch:>4} {context:>8} {nbytes / 1e6:>8.1f} {t_x * 1e6:>10.1f}"

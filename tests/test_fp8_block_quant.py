@@ -26,6 +26,7 @@ from pallas_kernels.fp8_block_quant import (
     fp8_block_quant_into,
     fp8_block_quant_reference,
 )
+from tests.arena_helpers import random_arena
 
 DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
 FORMATS = ("f32", "ue8m0")
@@ -282,23 +283,13 @@ def _seed_plan(guard_bytes: int = 64) -> ArenaPlan:
     return ArenaPlan.sequential(sizes, guard_bytes=guard_bytes)
 
 
-def _random_arena(plan: ArenaPlan, seed: int) -> np.ndarray:
-    """The plan's arena (guards filled) with random bytes in every region."""
-    arena = np.array(plan.allocate())
-    flat = arena.reshape(-1)
-    rng = np.random.default_rng(seed)
-    for r in plan.region_list:
-        flat[r.offset_bytes : r.end_bytes] = rng.integers(0, 256, r.nbytes, dtype=np.uint8)
-    return arena
-
-
 @pytest.mark.parametrize(
     "m, k, scale_format",
     [(20, HIDDEN, "f32"), (M_MAX, 200, "ue8m0"), (1, HIDDEN, "f32")],
 )
 def test_arena_form_writes_three_regions_in_place(m, k, scale_format):
     plan = _seed_plan()
-    before = _random_arena(plan, seed=m)
+    before = random_arena(plan, seed=m)
     x = _activations(np.random.default_rng(m + k), m, k, jnp.bfloat16)
     rows, nb = -(-m // 16) * 16, -(-k // 128)
 

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxarena import BufferSizes, Levers, ModelConfig, Target, ssd_scratch_layout
+from jaxarena import ArenaPlan, BufferSizes, Levers, ModelConfig, Target, ssd_scratch_layout
 from jaxarena.testing import assert_footprint
 from pallas_kernels.ssd_chunked_scan import (
     ssd_chunk_quantities,
@@ -26,12 +26,8 @@ from pallas_kernels.ssd_chunked_scan import (
     ssd_chunked_scan_into,
     ssd_sequential_reference,
 )
+from tests.arena_helpers import random_arena
 from tests.tolerances import tol
-
-try:
-    from jaxarena import ArenaPlan
-except ImportError:  # TEMP: until jaxarena/__init__.py re-exports it
-    from jaxarena._plan import ArenaPlan
 
 
 def _inputs(T, H, P, G, N, S=1, *, seed=0, dtype=jnp.float32):
@@ -324,19 +320,10 @@ def _mamba_plan(guard_bytes: int = 64) -> ArenaPlan:
     return ArenaPlan.sequential(sizes, guard_bytes=guard_bytes)
 
 
-def _random_arena(plan: ArenaPlan, seed: int) -> np.ndarray:
-    arena = np.array(plan.allocate())
-    flat = arena.reshape(-1)
-    rng = np.random.default_rng(seed)
-    for r in plan.region_list:
-        flat[r.offset_bytes : r.end_bytes] = rng.integers(0, 256, r.nbytes, dtype=np.uint8)
-    return arena
-
-
 @pytest.mark.parametrize("T", [M_MAX, 33])
 def test_arena_form_writes_only_ssd_scratch(T):
     plan = _mamba_plan()
-    before = _random_arena(plan, seed=T)
+    before = random_arena(plan, seed=T)
     inp = _inputs(T, AH, AP, AG, AN, 2, seed=T)
     kw = _kwargs(inp, [0, 20, T], d=True, bias=True, softplus=True, init=True)
     step = jax.jit(functools.partial(ssd_chunked_scan_into, plan=plan, **kw), donate_argnums=0)
