@@ -49,10 +49,12 @@ COMPONENTS = (
     "attention",
     "mlp",
     "experts",
+    "shared_experts",
     "router",
     "ssm",
     "norms",
     "other",
+    "vision",
 )
 
 # FP8 block quantization: e4m3 weights, one f32 scale per 128 x 128 block.
@@ -78,12 +80,7 @@ _CORRECTION_BIAS_FAMILIES = frozenset(
 # Families that transformers (or the published checkpoint) describe in more detail than
 # `ModelConfig` holds; their counts cover the parts ModelConfig describes (see `exactness`).
 _APPROXIMATE_FAMILIES = {
-    "deepseek_v4": "DeepSeek-V4 compressors, indexers and hyper-connection mixers",
-    "qwen4_exp": "hyper-connection mixers, the sparse indexer and per-layer n-gram embeddings",
-    "qwen4_exp_text": "hyper-connection mixers, the sparse indexer and per-layer n-gram embeddings",
-    "qwen3_8_flash_next": "hyper-connection mixers, the sparse indexer and n-gram embeddings",
-    "longcat_flash_ngram": "the n-gram embedding tables",
-    "nemotron_h_puzzle": "per-block MoE widths (every MoE block is counted at the widest)",
+    "longcat_flash_ngram": "the n-gram embedding tables (their layout is not published)",
 }
 
 # Extra `ModelConfig` attributes the counts read, with the value assumed when a config does
@@ -102,7 +99,11 @@ _EXTRA_DEFAULTS: dict[str, Any] = {
     "mamba1_d_state": 0,
     "mamba1_dt_rank": 0,
     "num_mtp_layers": 0,
+    "vision_param_count": 0,
+    "other_param_count": 0,
+    "moe_layer_widths": (),
 }
+_HC_FAMILIES = frozenset({"qwen4_exp", "qwen4_exp_text", "qwen3_8_flash_next"})
 
 
 def _x(config: Any, name: str) -> Any:
@@ -205,6 +206,8 @@ def _norms_per_layer(c: Any) -> int:
         return 1
     if mt in ("gemma2", "gemma3", "gemma3_text"):
         return 4
+    if mt in _HC_FAMILIES:
+        return 0  # the hyper-connection blocks hold the pre-norms ("other")
     return 2
 
 
@@ -269,6 +272,27 @@ def _mla(c: Any, n: int, out: list[WeightTensor]) -> None:
             WeightTensor(a, "self_attn.kv_a_proj_with_mqa.bias", (lora_kv + rope,), n),
             WeightTensor(a, "self_attn.o_proj.bias", (h,), n),
         ]
+
+
+def _v4_attention(c: Any, n: int, out: list[WeightTensor]) -> None:
+    """DeepSeek-V4: low-rank queries, one shared K=V head, grouped low-rank output, sinks."""
+    if n == 0:
+        return
+    h, heads, hd, lora_q = c.hidden_size, c.num_attention_heads, c.head_dim, c.q_lora_rank
+    groups, lora_o = c.o_groups or 8, c.o_lora_rank  # 8: DeepseekV4Config's default
+    a = "attention"
+    out += [
+        WeightTensor(a, "self_attn.sinks", (heads,), n),
+        WeightTensor(a, "self_attn.q_a_proj.weight", (lora_q, h), n, fp8=True),
+        WeightTensor("norms", "self_attn.q_a_norm.weight", (lora_q,), n),
+        WeightTensor(a, "self_attn.q_b_proj.weight", (heads * hd, lora_q), n, fp8=True),
+        WeightTensor(a, "self_attn.kv_proj.weight", (hd, h), n, fp8=True),
+        WeightTensor("norms", "self_attn.kv_norm.weight", (hd,), n),
+        WeightTensor(
+            a, "self_attn.o_a_proj.weight", (groups * lora_o, heads * hd // groups), n, fp8=True
+        ),
+        WeightTensor(a, "self_attn.o_b_proj.weight", (h, groups * lora_o), n, fp8=True),
+    ]
 
 
 def _mamba2(c: Any, n: int, out: list[WeightTensor]) -> None:
@@ -359,23 +383,25 @@ def _mamba1(c: Any, n: int, out: list[WeightTensor]) -> None:
         ]
 
 
-def _dense_ffn(c: Any, n: int, width: int, out: list[WeightTensor], *, prefix: str) -> None:
+def _dense_ffn(
+    c: Any, n: int, width: int, out: list[WeightTensor], *, prefix: str, part: str = "mlp"
+) -> None:
     if n == 0 or width == 0:
         return
     h = c.hidden_size
     gated = c.model_type not in ("nemotron_h", "nemotron_h_puzzle")  # Nemotron-H: relu2 up/down
     if gated:
-        out.append(WeightTensor("mlp", f"{prefix}.gate_proj.weight", (width, h), n, fp8=True))
+        out.append(WeightTensor(part, f"{prefix}.gate_proj.weight", (width, h), n, fp8=True))
     out += [
-        WeightTensor("mlp", f"{prefix}.up_proj.weight", (width, h), n, fp8=True),
-        WeightTensor("mlp", f"{prefix}.down_proj.weight", (h, width), n, fp8=True),
+        WeightTensor(part, f"{prefix}.up_proj.weight", (width, h), n, fp8=True),
+        WeightTensor(part, f"{prefix}.down_proj.weight", (h, width), n, fp8=True),
     ]
     if _x(c, "mlp_bias"):
         if gated:
-            out.append(WeightTensor("mlp", f"{prefix}.gate_proj.bias", (width,), n))
+            out.append(WeightTensor(part, f"{prefix}.gate_proj.bias", (width,), n))
         out += [
-            WeightTensor("mlp", f"{prefix}.up_proj.bias", (width,), n),
-            WeightTensor("mlp", f"{prefix}.down_proj.bias", (h,), n),
+            WeightTensor(part, f"{prefix}.up_proj.bias", (width,), n),
+            WeightTensor(part, f"{prefix}.down_proj.bias", (h,), n),
         ]
 
 
@@ -419,23 +445,24 @@ def _moe(c: Any, n: int, experts_here: int, out: list[WeightTensor]) -> None:
         ]
     shared = c.shared_expert_intermediate_size
     if shared:
-        _dense_ffn(c, n, shared, out, prefix="shared_experts")
+        _dense_ffn(c, n, shared, out, prefix="shared_experts", part="shared_experts")
         if (
             mt in ("qwen2_moe", "qwen3_next")
             or mt in _GDN_SPLIT_FAMILIES
             or mt.startswith("qwen4_exp")
         ):
-            out.append(WeightTensor("router", "mlp.shared_expert_gate.weight", (1, h), n))
+            out.append(WeightTensor("shared_experts", "mlp.shared_expert_gate.weight", (1, h), n))
 
 
-def _tensors(c: Any, experts_per_device: int) -> list[WeightTensor]:
+def _tensors(c: Any, experts_per_device: int, expert_split: int = 1) -> list[WeightTensor]:
     h, vocab = c.hidden_size, c.vocab_size
     out = [WeightTensor("embed", "embed_tokens.weight", (vocab, h))]
     if not _x(c, "tie_word_embeddings"):
         out.append(WeightTensor("lm_head", "lm_head.weight", (vocab, h)))
     kinds = _layer_kinds(c)
+    mla = _v4_attention if c.model_type == "deepseek_v4" else _mla
     for kind, fn in (
-        ("attention", _attention), ("mla", _mla), ("mamba2", _mamba2), ("gdn", _gdn),
+        ("attention", _attention), ("mla", mla), ("mamba2", _mamba2), ("gdn", _gdn),
         ("mamba1", _mamba1),
     ):  # fmt: skip
         fn(c, kinds.count(kind), out)
@@ -449,9 +476,19 @@ def _tensors(c: Any, experts_per_device: int) -> list[WeightTensor]:
         _moe(c, len(ffn) // 2, experts_per_device, out)
     else:
         _dense_ffn(c, ffn.count("dense"), c.intermediate_size, out, prefix="mlp")
-        _moe(c, ffn.count("moe"), experts_per_device, out)
+        widths = tuple(_x(c, "moe_layer_widths"))
+        if widths:  # per-block expert widths (Nemotron-H Puzzle), split like the global one
+            for w in sorted(set(widths)):
+                wide = _Override(c, moe_intermediate_size=w // expert_split)
+                _moe(wide, widths.count(w), experts_per_device, out)
+        else:
+            _moe(c, ffn.count("moe"), experts_per_device, out)
     out.append(WeightTensor("norms", "layers.*.norm.weight", (h,), _norms_per_layer(c) * len(ffn)))
-    out.append(WeightTensor("norms", "norm.weight", (h,)))
+    if c.model_type not in _HC_FAMILIES:  # there the final hyper-connection mixer normalizes
+        out.append(WeightTensor("norms", "norm.weight", (h,)))
+    # Family blocks ModelConfig has no dimensions for, counted by the parser (replicated).
+    out.append(WeightTensor("other", "<family blocks>", (_x(c, "other_param_count"),)))
+    out.append(WeightTensor("vision", "visual.*", (_x(c, "vision_param_count"),)))
     return [t for t in out if t.count and t.numel]
 
 
@@ -470,7 +507,7 @@ def weight_tensors(config: ModelConfig, *, tp: int = 1, ep: int = 1) -> tuple[We
         # `shard` keeps the global expert count for the router; the weights are per device.
         local = _Local(local, config)
     experts = config.num_experts // ep if config.num_experts else 0
-    return tuple(_tensors(local, experts))
+    return tuple(_tensors(local, experts, expert_split=tp if ep == 1 else 1))
 
 
 class _Local:
@@ -516,13 +553,20 @@ def mtp_param_count(config: ModelConfig) -> int:
     one = config.replace(num_hidden_layers=1, layer_types=config.layer_types[-1:])
     if _x(config, "ffn_layer_types"):
         one = _Override(one, ffn_layer_types=tuple(_x(config, "ffn_layer_types"))[-1:])
-    layer = sum(t.numel for t in weight_tensors(one) if not t.buffer and t.name != "norm.weight")
+    skip = ("embed", "lm_head", "other", "vision")
+    layer = sum(
+        t.numel
+        for t in weight_tensors(one)
+        if not t.buffer and t.name != "norm.weight" and t.component not in skip
+    )
     h = config.hidden_size
-    # `layer` already holds one embedding and, untied, one LM head.
-    extra = 2 * h + 2 * h * h + h
-    if _x(config, "tie_word_embeddings"):
-        extra += config.vocab_size * h
-    return n * (layer + extra)
+    if config.model_type.startswith(("qwen", "qwen4")):
+        # Qwen3-Next / Qwen3.5: fc (2*hidden -> hidden), two pre-fc norms and a final norm;
+        # the embedding and LM head are the model's own.
+        return n * (layer + 2 * h * h + 3 * h)
+    # DeepSeek-V3: enorm, hnorm, eh_proj (2*hidden -> hidden), the shared head's norm, and the
+    # embedding and head that the checkpoint stores again in every MTP layer.
+    return n * (layer + 2 * h + 2 * h * h + h + 2 * config.vocab_size * h)
 
 
 class _Override:
@@ -802,6 +846,115 @@ def weight_fields(data: Any, model_type: str, num_hidden_layers: int) -> dict[st
         ffn = tuple("moe" if e > 1 and i % period == offset else "dense" for i in range(n))
     if ffn and len(set(ffn)) > 1:
         out["ffn_layer_types"] = ffn
+    blocks = obj.get("block_configs")
+    if mt == "nemotron_h_puzzle" and isinstance(blocks, list):
+        widths = tuple(
+            int(b.get("moe_intermediate_size") or 0)
+            for b in blocks
+            if isinstance(b, dict) and b.get("block_type") == "moe"
+        )
+        if len(set(widths)) > 1:
+            out["moe_layer_widths"] = widths
+    vision = top.get("vision_config")
+    if isinstance(vision, dict) and mt.startswith(("qwen3_vl", "qwen3_5", "qwen3_6", "qwen4_exp")):
+        out["vision_param_count"] = _qwen3_vl_vision(vision, mt)
+    if mt == "deepseek_v4":
+        out["other_param_count"] = _deepseek_v4_other(obj, n)
+    elif mt in _HC_FAMILIES:
+        out["other_param_count"] = _qwen4_exp_other(obj, n)
+    return out
+
+
+def _qwen3_vl_vision(v: dict, model_type: str) -> int:
+    """Parameters of the Qwen3-VL vision tower (also Qwen3.5's and Qwen4-exp's): a Conv3d patch
+    embedding, learned position embeddings, `depth` pre-norm ViT blocks with biases, the patch
+    merger and one merger per deepstack layer (those normalize after the 2x2 shuffle)."""
+    h, inter, depth = (
+        int(v.get("hidden_size", 1152)),
+        int(v.get("intermediate_size", 4304)),
+        int(v.get("depth", 27)),
+    )
+    out = int(v.get("out_hidden_size", 3584))
+    patch, temporal = int(v.get("patch_size", 16)), int(v.get("temporal_patch_size", 2))
+    channels, merge = int(v.get("in_channels", 3)), int(v.get("spatial_merge_size", 2))
+    positions = int(v.get("num_position_embeddings", 2304))
+    default_deep = [8, 16, 24] if model_type.startswith("qwen3_vl") else []
+    deep = len(v.get("deepstack_visual_indexes", default_deep) or [])
+    wide = h * merge * merge
+    block = 4 * h + (3 * h * h + 3 * h) + (h * h + h) + (inter * h + inter) + (h * inter + h)
+
+    def merger(norm_width: int) -> int:
+        return 2 * norm_width + wide * wide + wide + out * wide + out
+
+    return (
+        h * channels * temporal * patch * patch + h + positions * h + depth * block
+        + merger(h) + deep * merger(wide)
+    )  # fmt: skip
+
+
+def _deepseek_v4_other(obj: dict, n: int) -> int:
+    """DeepSeek-V4's KV compressors (per `compress_ratios` entry: 4 = overlapping windows with
+    an indexer, 128 = heavy compression, 0 = none) and hyper-connection mixers."""
+    h, hd, lora_q = (
+        int(obj["hidden_size"]),
+        int(obj.get("head_dim") or 512),
+        int(obj.get("q_lora_rank") or 1024),
+    )
+    hc = int(obj.get("hc_mult") or 4)
+    ih, ihd = int(obj.get("index_n_heads") or 64), int(obj.get("index_head_dim") or 128)
+    total = 0
+    for ratio in list(obj.get("compress_ratios") or [])[:n]:
+        if ratio == 0:
+            continue
+        width = 2 * hd if ratio == 4 else hd  # overlapping windows keep two series
+        total += ratio * width + 2 * width * h + hd  # position bias, kv/gate projections, norm
+        if ratio == 4:  # the sparse indexer's own compressor, query projection and scorer
+            total += ratio * 2 * ihd + 2 * 2 * ihd * h + ihd + ih * ihd * lora_q + ih * h
+    mix = hc * (2 + hc)
+    total += n * 2 * (mix * hc * h + mix + 3)  # attn_hc and ffn_hc per layer
+    total += hc * hc * h + hc + 1  # the head's mixer
+    return total
+
+
+def _qwen4_exp_other(obj: dict, n: int) -> int:
+    """Qwen4-exp's hyper-connection blocks (two per layer and a final mixer), the indexer of
+    its full-attention layers, and the per-layer n-gram embeddings (PLE)."""
+    h = int(obj["hidden_size"])
+    hc, rank = int(obj.get("hc_count") or 4), int(obj.get("hc_lowrank") or 0)
+    wide = hc * h
+    block = wide + 2 * rank * wide  # norm, low-rank down and up
+    total = n * 2 * (block + hc * wide) + block  # + per-layer injection weights; final mixer
+    kinds = list(obj.get("layer_types") or [])
+    full = sum(1 for k in kinds if k == "full_attention")
+    ih, ihd = int(obj.get("indexer_n_heads") or 0), int(obj.get("indexer_head_dim") or 0)
+    ikv = int(obj.get("indexer_kv_heads") or 1)
+    if ih:
+        total += full * ((ih + ikv) * ihd * h + 2 * ihd)
+    ple_layers = list(obj.get("ple_layer_ids") or [])
+    if ple_layers:
+        dim = int(obj.get("ple_embed_dim") or h)
+        ngram, per = int(obj.get("ngram_size") or 3), int(obj.get("heads_per_ngram") or 8)
+        base = int(obj.get("ngram_vocab_size_base") or 0)
+        divisor = int(obj.get("make_ngram_vocab_size_divisible_by") or 1)
+        kernel = int(obj.get("ple_conv_kernel_size") or 4)
+        heads = (ngram - 1) * per
+        for index in range(len(ple_layers)):
+            # Head j of PLE layer i hashes into a table of the (i*heads + j + 1)-th prime >= base.
+            sizes = _primes_from(base, (index + 1) * heads)[index * heads :]
+            rows = -(-sum(sizes) // divisor) * divisor
+            total += rows * (dim // heads) + wide * dim + h * dim + 3 * wide + wide * kernel
+    return total
+
+
+def _primes_from(start: int, count: int) -> list[int]:
+    """The first `count` primes >= `start` (trial division: fine for the few dozen needed)."""
+    out: list[int] = []
+    value = max(start, 2)
+    while len(out) < count:
+        if value % 2 or value == 2:
+            if all(value % d for d in range(3, math.isqrt(value) + 1, 2)):
+                out.append(value)
+        value += 1
     return out
 
 
