@@ -1318,3 +1318,75 @@ def fit_max_batch_tokens(budget: MemoryBudget, sequences: int = 1) -> int | None
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if ok(mid) else (lo, mid)
     return lo
+
+
+# -- plot -----------------------------------------------------------------------------------------
+
+
+def budget_segments(b: MemoryBudget) -> list[tuple[str, int]]:
+    """The stacked parts of one device's memory, bottom to top: weights, arena, reserve, the KV
+    and state of `max_sequences` full-length sequences, and what is left (never negative)."""
+    n = b.max_sequences
+    kv = n * (b.sequence_bytes - b.state_bytes_per_sequence)
+    state = n * b.state_bytes_per_sequence
+    parts = [
+        ("weights", b.weight_bytes),
+        ("arena", b.arena_bytes),
+        ("reserve", b.reserve_bytes),
+        (f"KV cache ({n:,} x {b.max_seq_len:,} tokens)", kv),
+        ("SSM / sliding-window state", state),
+    ]
+    used = sum(v for _, v in parts)
+    parts.append(("free", max(b.memory_bytes - used, 0)))
+    return parts
+
+
+def plot_budget(b: MemoryBudget, path: str, *, title: str | None = None) -> str:
+    """Saves one stacked bar per device (PNG; `.png` is added when `path` has no extension)
+    and returns the path written. The dashed line is the device's memory; a bar that crosses
+    it does not fit.
+
+    Raises:
+      ImportError: matplotlib is not installed (`pip install "jaxarena[plot]"`).
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise ImportError('plotting needs matplotlib: pip install "jaxarena[plot]"') from e
+    from pathlib import Path
+
+    from jaxarena._units import format_bytes
+
+    out = str(path) if Path(path).suffix else f"{path}.png"
+    devices = max(b.tp, b.ep)
+    bars = min(devices, 16)
+    gib = float(1 << 30)
+    colors = ["#4c72b0", "#dd8452", "#8c8c8c", "#55a868", "#8172b3", "#e8e8e8"]
+    fig, ax = plt.subplots(figsize=(max(3.0, 1.2 + 0.55 * bars), 5.5))
+    xs = list(range(bars))
+    bottom = [0.0] * bars
+    for (label, nbytes), color in zip(budget_segments(b), colors, strict=True):
+        if nbytes == 0:
+            continue
+        ax.bar(xs, [nbytes / gib] * bars, bottom=bottom, color=color, edgecolor="white",
+               width=0.7, label=f"{label}: {format_bytes(nbytes)}")  # fmt: skip
+        bottom = [y + nbytes / gib for y in bottom]
+    ax.axhline(b.memory_bytes / gib, color="#c44e52" if not b.fits else "black", ls="--", lw=1)
+    ax.set_ylabel("GiB per device")
+    names = [f"dev {i}" for i in xs] if bars == devices else [f"each of {devices}"]
+    ax.set_xticks(xs if bars == devices else [0], names, fontsize=7)
+    verdict = "fits" if b.fits else f"short by {format_bytes(b.shortfall_bytes)}"
+    ax.set_title(
+        (title or (b.config.model_type or "model"))
+        + f"\n{format_bytes(b.memory_bytes)} per device, tp={b.tp} ep={b.ep}, {b.weights}: "
+        + verdict,
+        fontsize=9,
+    )
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return out
