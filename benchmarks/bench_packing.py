@@ -17,8 +17,7 @@ import sys
 import time
 
 import jaxarena
-from jaxarena import ArenaPlan, BufferSizes, Levers, ModelConfig, Target
-from jaxarena._lifetimes import Lifetimes
+from jaxarena import ArenaPlan, BufferSizes, Levers, Lifetimes, ModelConfig, Target
 
 LIMITS = ((8192, 262144, 64, 128), (2048, 131072, 16, 64))
 GOAL = 1.05

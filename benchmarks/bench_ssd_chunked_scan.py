@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxarena import ssd_scratch_layout
+from jaxarena.workspaces import ssd_scratch_layout
 from pallas_kernels.ssd_chunked_scan import ssd_chunked_reference, ssd_chunked_scan
 
 H, P, N, G = 64, 64, 128, 8

@@ -22,8 +22,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from jaxarena import BufferSizes, Levers, ModelConfig, Target  # noqa: E402
-from jaxarena._shard import format_scaling_table, scaling_table, shard_config  # noqa: E402
+from jaxarena import BufferSizes, Levers, ModelConfig, Target, scaling_table  # noqa: E402
 from jaxarena.models.tp_attention import (  # noqa: E402
     attention_arena_plan,
     init_attention_weights,
@@ -38,7 +37,7 @@ def run_block(cfg: ModelConfig, tp: int, x: jax.Array) -> tuple[jax.Array, int]:
     """Three steps of the TP block on `tp` devices; returns the output and per-device bytes."""
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:tp]), ("tp",))
     sizes = BufferSizes.from_config(
-        shard_config(cfg, tp=tp), x.shape[0], x.shape[0], 16, 1, levers=Levers(),
+        cfg.shard(tp=tp), x.shape[0], x.shape[0], 16, 1, levers=Levers(),
         target=Target.detect(),
     )  # fmt: skip
     plan = attention_arena_plan(sizes, dtype=jnp.float32)
@@ -54,7 +53,10 @@ def main(preset: str = "qwen3-8b", tp: int = 8) -> None:
     cfg = ModelConfig.preset(preset)
     print(f"{preset}: global vs per-device buffers at tp={tp}, {LIMITS}")
     rows = scaling_table(cfg, tp=tp, levers=Levers(), target=Target.detect(), **LIMITS)
-    print(format_scaling_table(rows))
+    print(f"{'buffer':<28}{'global':>16}{'per device':>16}  scales")
+    for r in rows:
+        if r.kind != "absent":
+            print(f"{r.name:<28}{r.global_bytes:>16,}{r.device_bytes:>16,}  {r.kind}")
 
     n = min(tp, len(jax.devices()))
     small = ModelConfig(hidden_size=128, num_attention_heads=8, num_key_value_heads=2,

@@ -1,56 +1,42 @@
 """jaxarena: one static, donated workspace arena for LLM inference in JAX/XLA.
 
-A model config and serve limits give the byte size of every buffer (`BufferSizes`); a plan
-gives each a static offset (`ArenaPlan`); one donated `jax.Array` holds the whole arena; typed
-views and in-place writes at static offsets are taken inside `jax.jit`.
+The pipeline, stage by stage: a model config (`ModelConfig`, with `Levers` and a `Target`)
+and the serve limits (`ServeLimits`) give the byte size of every buffer (`BufferSizes`); a
+plan gives each a static offset (`ArenaPlan`, sequential or packed by `Lifetimes`); one donated
+`jax.Array` holds the whole arena; typed views and in-place writes at static offsets are taken
+inside `jax.jit`; the Pallas kernels in `pallas_kernels` take their workspace from it.
+
+Public modules: `jaxarena.workspaces` (the kernel workspace contract), `jaxarena.testing`
+(footprint and trace-count assertions) and `jaxarena.models` (reference models).
 """
 
-from jaxarena._config import LAYER_TYPES, ConfigError, ModelConfig
-from jaxarena._layouts import DecodeMetaLayout, ssd_scratch_layout
-from jaxarena._levers import Levers
-from jaxarena._lifetimes import Interval, Lifetimes, record_lifetimes
-from jaxarena._packing import packing_report
-from jaxarena._plan import ArenaError, ArenaPlan, GuardError, Region
-from jaxarena._presets import load_preset, presets
-from jaxarena._shard import (
-    BufferScaling,
-    experts_per_device,
-    format_scaling_table,
-    scaling_table,
-    shard_config,
-)
-from jaxarena._sizes import GATEUP_FUSED_MAX_M, BufferSizes, ServeLimits, splitk_policy
-from jaxarena._splitk import SplitKPolicy, num_splits, workspace_slots
-from jaxarena._target import Target
+from jaxarena._arena.lifetimes import Interval, Lifetimes
+from jaxarena._arena.plan import ArenaPlan, Region
+from jaxarena._arena.record import record_lifetimes
+from jaxarena._arena.report import packing_report
+from jaxarena._config.hf_source import presets
+from jaxarena._config.levers import Levers
+from jaxarena._config.model import ModelConfig
+from jaxarena._config.target import Target
+from jaxarena._errors import ArenaError, ConfigError, GuardError
+from jaxarena._sizing.buffers import BufferSizes, ServeLimits
+from jaxarena._sizing.scaling import scaling_table
 
 __all__ = [
     "ArenaError",
-    "BufferScaling",
     "ArenaPlan",
-    "GuardError",
-    "Interval",
-    "Lifetimes",
-    "Region",
     "BufferSizes",
     "ConfigError",
-    "DecodeMetaLayout",
-    "GATEUP_FUSED_MAX_M",
-    "LAYER_TYPES",
+    "GuardError",
+    "Interval",
     "Levers",
+    "Lifetimes",
     "ModelConfig",
+    "Region",
     "ServeLimits",
-    "SplitKPolicy",
     "Target",
-    "experts_per_device",
-    "format_scaling_table",
-    "num_splits",
-    "load_preset",
     "packing_report",
     "presets",
     "record_lifetimes",
     "scaling_table",
-    "shard_config",
-    "splitk_policy",
-    "ssd_scratch_layout",
-    "workspace_slots",
 ]

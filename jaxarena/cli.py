@@ -13,7 +13,24 @@ import json
 import re
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
+
+from jaxarena import (
+    ArenaError,
+    ArenaPlan,
+    BufferSizes,
+    ConfigError,
+    Levers,
+    Lifetimes,
+    ModelConfig,
+    Target,
+    packing_report,
+    presets,
+)
+from jaxarena._arena.report import plot_plan
+from jaxarena._units import format_bytes
+from jaxarena.models.demo import run_demo
 
 DEFAULT_MODEL = "qwen3-8b"
 DEFAULT_LIMITS = {
@@ -49,10 +66,6 @@ def parse_memory(text: str) -> int:
 
 
 def _load_model(spec: str | None):
-    from pathlib import Path
-
-    from jaxarena import ModelConfig, presets
-
     name = spec or DEFAULT_MODEL
     if name in presets():
         return ModelConfig.preset(name)
@@ -64,14 +77,10 @@ def _load_model(spec: str | None):
 
 
 def _target(name: str):
-    from jaxarena import Target
-
     return Target.detect() if name == "auto" else Target.preset(name)
 
 
 def _sizes(args: argparse.Namespace, config, max_batch_tokens: int | None = None):
-    from jaxarena import BufferSizes, Levers
-
     return BufferSizes.from_config(
         config,
         max_batch_tokens if max_batch_tokens is not None else args.max_batch_tokens,
@@ -86,23 +95,15 @@ def _sizes(args: argparse.Namespace, config, max_batch_tokens: int | None = None
 def _config_for(args: argparse.Namespace):
     config = _load_model(args.model)
     if args.tp != 1 or args.ep != 1:
-        from jaxarena._shard import shard_config
-
-        config = shard_config(config, tp=args.tp, ep=args.ep)
+        config = config.shard(tp=args.tp, ep=args.ep)
     return config
 
 
 def _packed_report(sizes, config, align: int) -> dict[str, Any]:
-    from jaxarena._lifetimes import Lifetimes
-    from jaxarena._packing import packing_report
-
     return packing_report(sizes, Lifetimes.standard(config), align_bytes=align)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from jaxarena import ArenaPlan
-    from jaxarena._plan import format_bytes
-
     config = _config_for(args)
     sizes = _sizes(args, config)
     plan = ArenaPlan.sequential(sizes, align_bytes=args.align)
@@ -150,17 +151,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
                   f"lower bound {format_bytes(lb)}  packed/lower bound {packed / lb:.3f}  "
                   f"packed/sequential {packed / seq:.3f}")  # fmt: skip
     if args.plot:
-        from jaxarena._plot import plot_plan
-
         plot_plan(plan, args.plot, title=f"{args.model or DEFAULT_MODEL} arena")
         print(f"memory map written to {args.plot}", file=sys.stderr)
     return 0
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
-    from jaxarena import ArenaPlan
-    from jaxarena._plan import format_bytes
-
     budget = parse_memory(args.memory)
     config = _config_for(args)
 
@@ -194,8 +190,6 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from jaxarena.models.demo import run_demo
-
     return run_demo(steps=args.steps, batch=args.batch, seed=args.seed)
 
 
@@ -246,9 +240,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `jaxarena` console script; returns the exit status."""
-    from jaxarena import ConfigError
-    from jaxarena._plan import ArenaError
-
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

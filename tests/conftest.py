@@ -1,10 +1,17 @@
-"""Suite-wide setup: eight virtual CPU devices for the sharding tests.
+"""Suite-wide setup: eight virtual CPU devices for the sharding tests, the `_helpers` package on
+`sys.path` (so the suite runs from any working directory), and the Hypothesis CI profile.
 
 XLA reads the flag once, when the backend starts, so it is set here, before any test module
 imports JAX. Single-device tests keep using device 0.
 """
 
 import os
+import sys
+from pathlib import Path
+
+_TESTS = str(Path(__file__).resolve().parent)
+if _TESTS not in sys.path:
+    sys.path.insert(0, _TESTS)
 
 _FLAG = "--xla_force_host_platform_device_count=8"
 if _FLAG.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):

@@ -10,8 +10,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxarena._config import ModelConfig
-from jaxarena._plan import format_bytes
+from jaxarena import ModelConfig
+from jaxarena._units import format_bytes
 from jaxarena.models.hybrid import HybridModel, default_block_tables, init_caches, init_params
 from jaxarena.testing import count_traces, memory_footprint
 
@@ -25,8 +25,9 @@ def _bar(done: int, total: int, width: int = 32) -> str:
     return f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total}"
 
 
-def run_demo(*, steps: int = 32, batch: int = 4, seed: int = 0, out=sys.stdout) -> int:
-    """Runs the demo; prints to `out`; returns 0 (the exit status)."""
+def run_demo(*, steps: int = 32, batch: int = 4, seed: int = 0, out=None) -> int:
+    """Runs the demo; prints to `out` (default: the current `sys.stdout`); returns 0."""
+    out = sys.stdout if out is None else out
     if steps < 1 or batch < 1:
         raise ValueError(f"steps={steps} and batch={batch} must be >= 1")
     cfg = ModelConfig.preset(DEMO_PRESET)

@@ -20,7 +20,7 @@ the plan's offsets (`hidden_states`, `residual`, `norm_output`, `qkv_output`, `a
 arithmetic is float32.
 
 `prefill` and `decode_step` are pure; jit them with the arena and the caches donated
-(`HybridModel.jitted()` does), so every step runs in the same device buffers.
+(`jax.jit(model.prefill, donate_argnums=(1, 2))`), so every step runs in the same device buffers.
 """
 
 from __future__ import annotations
@@ -34,11 +34,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxarena._config import ModelConfig
-from jaxarena._levers import Levers
-from jaxarena._plan import ArenaPlan
-from jaxarena._sizes import BufferSizes
-from jaxarena._target import Target
+from jaxarena import ArenaPlan, BufferSizes, Levers, ModelConfig, Target, workspaces
+from pallas_kernels import (
+    fp8_block_quant_into,
+    splitk_decode_attention_into,
+    ssd_chunked_scan_into,
+)
 
 __all__ = ["HybridModel", "init_params", "init_caches", "ATTENTION", "MAMBA", "MLP"]
 
@@ -190,27 +191,13 @@ class HybridModel:
         target = target or Target.preset("gb10")
         levers = levers or Levers()
         if plan is None:
-            sizes = cls.sizes_for(config, max_batch_tokens, max_seq_len, kv_block_size,
-                                  max_batch_size, target=target, levers=levers)  # fmt: skip
+            sizes = BufferSizes.from_config(config, max_batch_tokens, max_seq_len, kv_block_size,
+                                            max_batch_size, levers=levers, target=target)  # fmt: skip
             plan = ArenaPlan.sequential(sizes, guard_bytes=guard_bytes)
         return cls(config=config, plan=plan, max_batch_tokens=max_batch_tokens,
                    max_seq_len=max_seq_len, kv_block_size=kv_block_size,
                    max_batch_size=max_batch_size, target=target, levers=levers,
                    interpret=interpret)  # fmt: skip
-
-    @staticmethod
-    def sizes_for(config, max_batch_tokens, max_seq_len, kv_block_size, max_batch_size, *,
-                  target: Target, levers: Levers) -> BufferSizes:  # fmt: skip
-        """The `BufferSizes` this model's plan is built from."""
-        return BufferSizes.from_config(config, max_batch_tokens, max_seq_len, kv_block_size,
-                                       max_batch_size, levers=levers, target=target)  # fmt: skip
-
-    def jitted(self) -> tuple[Any, Any]:
-        """`(prefill, decode_step)` jitted with the arena (arg 1) and caches (arg 2) donated."""
-        return (
-            jax.jit(self.prefill, donate_argnums=(1, 2)),
-            jax.jit(self.decode_step, donate_argnums=(1, 2)),
-        )
 
     # -- blocks --------------------------------------------------------------------------------
     #
@@ -231,22 +218,21 @@ class HybridModel:
 
     def _fp8_matmul(self, arena, src: str, shape, w: jax.Array, regions) -> tuple[Any, jax.Array]:
         """`x @ w` for `x` = region `src`, quantized to FP8 1x128 blocks into `regions`."""
-        from pallas_kernels import fp8_block_quant_into
-
         t, k = shape
         x = self.plan.view(arena, src, shape, BF16)
         arena = fp8_block_quant_into(arena, self.plan, x, regions=regions,
                                      interpret=self.interpret)  # fmt: skip
-        rows, nb = -(-t // 16) * 16, -(-k // 128)
+        rows, nb = workspaces.fp8_rows(t), workspaces.fp8_scale_cols(k)
         q = self.plan.view(arena, regions[0], (rows, k), jnp.float8_e4m3fn)[:t]
         s = self.plan.view(arena, regions[1], (rows, nb), F32)[:t]
-        return arena, (q.astype(F32) * jnp.repeat(s, 128, axis=1)[:, :k]) @ w
+        block = workspaces.FP8_BLOCK
+        return arena, (q.astype(F32) * jnp.repeat(s, block, axis=1)[:, :k]) @ w
 
     def _mlp(self, arena, p, t: int):
         """norm_output -> FP8 up -> relu^2 -> FP8 down -> `moe_output`."""
         c = self.config
         arena, up = self._fp8_matmul(arena, "norm_output", (t, c.hidden_size), p["w_up"],
-                                     ("fp8_act", "fp8_act_scale", "fp8_act_scale_kmajor"))  # fmt: skip
+                                     workspaces.FP8_ACT_REGIONS)  # fmt: skip
         arena = self._put(arena, "expert_up_out", jnp.square(jax.nn.relu(up)))
         arena, down = self._fp8_matmul(arena, "expert_up_out", (t, c.intermediate_size),
                                        p["w_down"], FFN_QUANT_REGIONS)  # fmt: skip
@@ -338,8 +324,6 @@ class HybridModel:
           `(arena, caches, logits)`: the next-token logits `float32[S, vocab]` of each
           sequence's last prompt token.
         """
-        from pallas_kernels import ssd_chunked_scan_into
-
         c = self.config
         t = tokens.shape[0]
         s = cu_seqlens.shape[0] - 1
@@ -424,8 +408,6 @@ class HybridModel:
         Returns:
           `(arena, caches, logits float32[B, vocab], next_tokens int32[B])` (greedy).
         """
-        from pallas_kernels import splitk_decode_attention_into
-
         c = self.config
         bsz = tokens.shape[0]
         seq = jnp.arange(bsz, dtype=jnp.int32)

@@ -1,7 +1,7 @@
 """A tensor-parallel GQA attention block whose intermediates live in a sharded arena.
 
 One arena per device, all laid out by the same plan (the plan of the PER-DEVICE sizes,
-`BufferSizes.from_config(shard_config(config, tp=tp), ...)`), allocated as one global array
+`BufferSizes.from_config(config.shard(tp=tp), ...)`), allocated as one global array
 with one shard per device (`plan.allocate(sharding=plan.sharding(mesh, "tp"))`). The step is a
 `jax.shard_map` over the mesh; on every device it
 
@@ -34,10 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxarena._config import ModelConfig
-from jaxarena._plan import ArenaPlan
-from jaxarena._shard import shard_config
-from jaxarena._sizes import BufferSizes
+from jaxarena import ArenaPlan, BufferSizes, ModelConfig
 
 __all__ = [
     "AttentionWeights",
@@ -99,7 +96,7 @@ def _validate(config: ModelConfig, mesh: Any, axis: str, dtype: Any) -> tuple[Mo
     if name not in _ACT_DTYPES:
         raise ValueError(f"dtype={name} must be one of {_ACT_DTYPES}")
     tp = mesh.shape[axis]
-    return shard_config(config, tp=tp), tp
+    return config.shard(tp=tp), tp
 
 
 def attention_arena_plan(
@@ -112,7 +109,7 @@ def attention_arena_plan(
     `sizes` entry, the width ratio of the element types, so the same views fit.
 
     Args:
-      sizes: the per-device sizes, `BufferSizes.from_config(shard_config(config, tp=tp), ...)`.
+      sizes: the per-device sizes, `BufferSizes.from_config(config.shard(tp=tp), ...)`.
       dtype: the activation dtype of the step.
       guard_bytes: guard band after each region (see `ArenaPlan.sequential`).
     """
@@ -206,7 +203,7 @@ def make_tp_attention_step(
     """The jitted tensor-parallel attention step over a sharded arena.
 
     Args:
-      config: the WHOLE model's config; the per-device split is `shard_config(config,
+      config: the WHOLE model's config; the per-device split is `config.shard(
         tp=mesh.shape[axis])`.
       plan: the per-device plan (`attention_arena_plan` of the per-device sizes).
       mesh: the device mesh; `axis` is its tensor-parallel axis.
@@ -224,7 +221,7 @@ def make_tp_attention_step(
     Raises:
       ValueError: no attention heads, an unknown mesh axis or an unsupported dtype.
       NotImplementedError: MLA configs (`kv_lora_rank > 0`).
-      ConfigError: the heads do not split over the axis (see `shard_config`).
+      ConfigError: the heads do not split over the axis (see `ModelConfig.shard`).
     """
     local, _ = _validate(config, mesh, axis, dtype)
     dtype = jnp.dtype(dtype)

@@ -16,7 +16,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from pallas_kernels._backend import resolve_interpret
+from pallas_kernels._args import resolve_interpret
 from pallas_kernels.fp8_block_quant.kernel import fp8_block_quant_kernel
 
 __all__ = [

@@ -34,10 +34,10 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from jaxarena import Levers, Target, splitk_policy
-from jaxarena import num_splits as _policy_num_splits
-from jaxarena._splitk import MAX_DECODE_SPLITS
-from pallas_kernels._backend import resolve_interpret
+from jaxarena import Levers, Target
+from jaxarena.workspaces import MAX_DECODE_SPLITS, splitk_policy
+from jaxarena.workspaces import num_splits as _policy_num_splits
+from pallas_kernels._args import resolve_interpret
 from pallas_kernels.splitk_decode_attention.kernel import splitk_decode_attention_kernel
 
 __all__ = [

@@ -33,8 +33,8 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from jaxarena._layouts import SSD_CHUNK, ssd_scratch_layout
-from pallas_kernels._backend import resolve_interpret
+from jaxarena.workspaces import SSD_CHUNK, ssd_scratch_layout
+from pallas_kernels._args import resolve_interpret
 from pallas_kernels.ssd_chunked_scan.kernel import ssd_chunk_kernel, ssd_output_kernel
 
 __all__ = [

@@ -2,7 +2,7 @@
 
 Field names are those of the seed's Rust `ModelConfig` (spec §14.1) so the two can be compared
 line by line; defaults are the seed's serde defaults. Parsing HuggingFace `config.json` files
-lives in `_hf.py`; this module only holds the value type, its validation and the derived
+lives in `hf_source.py` / `hf_families.py`; this module only holds the value type, its validation and the derived
 quantities the sizing formulas call.
 """
 
@@ -11,71 +11,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-__all__ = ["ConfigError", "ModelConfig", "LAYER_TYPES"]
+from jaxarena._config import hf_source
+from jaxarena._config.schema import ATTENTION_KINDS, INT_DEFAULTS, LAYER_TYPES, SSM_KINDS
+from jaxarena._config.shard import shard_changes
+from jaxarena._errors import ConfigError, join_problems
 
-
-class ConfigError(ValueError):
-    """A model config (or a serve limit) is invalid.
-
-    Raised for a missing or mistyped JSON key, an unreadable file, a negative dimension, an
-    inconsistent head count and every other rule `ModelConfig` enforces. The message names the
-    field (and the file, when the config came from one).
-    """
-
-
-# HuggingFace layer-type strings we accept, and what each counts as. The seed's enum has five
-# kinds; the other spellings are the ones published configs use for the same things (`mamba` is
-# what Nemotron-H's `M` and Jamba's mamba layers are; the seed files them as linear attention).
-_ATTENTION_KINDS = frozenset(
-    {
-        "full_attention",
-        "sliding_attention",
-        "chunked_attention",
-        "sparse_attention",
-        "deepseek_sparse_attention",
-        "attention",
-    }
-)
-_SSM_KINDS = frozenset({"linear_attention", "mamba"})
-_OTHER_KINDS = frozenset({"moe", "mlp"})
-LAYER_TYPES: frozenset[str] = _ATTENTION_KINDS | _SSM_KINDS | _OTHER_KINDS
-
-# Integer fields with the seed's defaults (spec §14.1), in the seed's order.
-_INT_DEFAULTS: dict[str, int] = {
-    "num_hidden_layers": 0,
-    "intermediate_size": 0,
-    "vocab_size": 0,
-    "num_attention_heads": 0,
-    "num_key_value_heads": 0,
-    "head_dim": 0,
-    "linear_num_key_heads": 0,
-    "linear_key_head_dim": 0,
-    "linear_num_value_heads": 0,
-    "linear_value_head_dim": 0,
-    "num_experts": 0,
-    "zero_expert_num": 0,
-    "num_experts_per_tok": 1,
-    "moe_intermediate_size": 0,
-    "shared_expert_intermediate_size": 0,
-    "moe_latent_size": 0,
-    "full_attention_interval": 1,
-    "mamba_num_heads": 0,
-    "mamba_head_dim": 0,
-    "ssm_state_size": 0,
-    "n_groups": 0,
-    "kv_lora_rank": 0,
-    "q_lora_rank": 0,
-    "qk_rope_head_dim": 0,
-    "o_lora_rank": 0,
-    "o_groups": 0,
-    "hc_mult": 0,
-    "hc_lowrank": 0,
-    "index_n_heads": 0,
-    "index_head_dim": 0,
-    "index_topk": 0,
-    "index_compress_ratio": 0,
-    "adapter_max_rank": 0,
-}
+__all__ = ["ModelConfig"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -146,7 +87,7 @@ class ModelConfig:
     def __post_init__(self) -> None:
         where = f" (in {self.source})" if self.source else ""
         problems: list[str] = []
-        for name in ("hidden_size", *_INT_DEFAULTS):
+        for name in ("hidden_size", *INT_DEFAULTS):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 problems.append(
@@ -166,7 +107,7 @@ class ModelConfig:
                     f"layer_types={self.layer_types!r} must be a tuple of layer-type strings"
                 )
         if problems:
-            raise ConfigError(_join("invalid ModelConfig" + where, problems))
+            raise ConfigError(join_problems("invalid ModelConfig" + where, problems))
 
         bad_kinds = sorted({k for k in self.layer_types if k not in LAYER_TYPES}, key=str)
         if bad_kinds:
@@ -207,7 +148,7 @@ class ModelConfig:
                 "mamba_num_heads are both 0"
             )
         if problems:
-            raise ConfigError(_join("invalid ModelConfig" + where, problems))
+            raise ConfigError(join_problems("invalid ModelConfig" + where, problems))
 
     # -- construction -----------------------------------------------------------------------
 
@@ -223,37 +164,63 @@ class ModelConfig:
         Returns:
           The config as the architecture really is (head_dim derived when absent, experts from
           `n_routed_experts`/`num_local_experts`, MRoPE under `rope_scaling` too, nested
-          `text_config`, Nemotron-H patterns, ...). See `_hf.py` for every family.
+          `text_config`, Nemotron-H patterns, ...). See `jaxarena._config.hf_families` for every family.
 
         Raises:
           ConfigError: invalid JSON, a missing required key, a wrong type, or an unknown
             `model_type` without usable generic fields. The message names the key and file.
         """
-        from jaxarena import _hf
-
-        return _hf.load(source, revision=revision)
+        return cls(**hf_source.load(source, revision=revision))
 
     @classmethod
     def preset(cls, name: str) -> ModelConfig:
-        """Loads a bundled preset by name (see `jaxarena.presets()`), e.g. `"qwen3-8b"`."""
-        from jaxarena import _presets
+        """Loads a bundled preset by name (see `jaxarena.presets()`), e.g. `"qwen3-8b"`.
 
-        return _presets.load_preset(name)
+        Returns:
+          The preset parsed exactly as `from_hf` parses its file; `source` is
+          `"jaxarena/presets/<name>.json"`.
 
-    def shard(self, tp: int = 1, ep: int = 1) -> ModelConfig:
+        Raises:
+          ConfigError: `name` is not a string or not a bundled preset (the message lists the
+            available names), or the preset file itself is invalid.
+        """
+        return cls(**hf_source.preset_fields(name))
+
+    def shard(self, tp: int = 1, ep: int = 1, *, vocab_multiple: int = 1) -> ModelConfig:
         """The per-device config under tensor parallelism `tp` and expert parallelism `ep`.
 
         Heads, FFN widths, SSM heads and the vocabulary are divided as Megatron/vLLM split them
-        (KV heads and Mamba groups are replicated when fewer than `tp`); see
-        `jaxarena.shard_config` for every rule. `BufferSizes.from_config(config.shard(tp=4),
-        ...)` gives the arena each device needs.
+        (KV heads and Mamba groups are replicated when fewer than `tp`; the module docstring
+        of `jaxarena._config.shard` lists every rule). `BufferSizes.from_config(
+        config.shard(tp=4), ...)` gives the arena each device needs.
+
+        Args:
+          tp: tensor-parallel degree, a positive int. `tp=1, ep=1` returns an equal config.
+          ep: expert-parallel degree, a positive int; > 1 only for models with routed experts,
+            and must divide `num_experts`. With `ep > 1` the routed experts are not TP-split.
+          vocab_multiple: the vocabulary is padded to a multiple of `vocab_multiple * tp`
+            before it is split (Megatron's `make_vocab_size_divisible_by`); 1 pads least.
+
+        Returns:
+          A validated config with the per-device dimensions; `num_experts` and
+          `num_experts_per_tok` stay global (use `experts_per_device` for the experts a device
+          holds); `source` gets a `[tp=.., ep=..]` suffix when the config has one.
 
         Raises:
-          ConfigError: a dimension does not divide evenly, or `tp`/`ep` is not a positive int.
+          ConfigError: a dimension does not divide evenly, or `tp`/`ep`/`vocab_multiple` is
+            not a positive int; every problem is listed.
         """
-        from jaxarena._shard import shard_config
+        return self.replace(**shard_changes(self, tp=tp, ep=ep, vocab_multiple=vocab_multiple))
 
-        return shard_config(self, tp=tp, ep=ep)
+    def experts_per_device(self, ep: int = 1) -> int:
+        """Routed experts whose weights one device holds: `num_experts / ep` (0 if dense).
+
+        Raises:
+          ConfigError: `ep` is not a positive int, `ep > 1` on a dense model, or `ep` does not
+            divide `num_experts`.
+        """
+        shard_changes(self, ep=ep)  # one place validates
+        return self.num_experts // ep
 
     def replace(self, **changes: Any) -> ModelConfig:
         """Returns a copy with `changes` applied (validated like a new config)."""
@@ -298,7 +265,7 @@ class ModelConfig:
     def num_attention_layers(self) -> int:
         """Layers that run attention (full, sliding, chunked or sparse)."""
         if self.layer_types:
-            return sum(1 for k in self.layer_types if k in _ATTENTION_KINDS)
+            return sum(1 for k in self.layer_types if k in ATTENTION_KINDS)
         if self.full_attention_interval == 0:
             return self.num_hidden_layers
         return self.num_hidden_layers // self.full_attention_interval
@@ -307,7 +274,7 @@ class ModelConfig:
     def num_ssm_layers(self) -> int:
         """Layers that run a state-space mixer (gated delta net or Mamba-2)."""
         if self.layer_types:
-            return sum(1 for k in self.layer_types if k in _SSM_KINDS)
+            return sum(1 for k in self.layer_types if k in SSM_KINDS)
         return self.num_hidden_layers - self.num_attention_layers
 
     @property
@@ -321,5 +288,3 @@ class ModelConfig:
         return self.num_experts > 0
 
 
-def _join(head: str, problems: list[str]) -> str:
-    return head + ":\n  - " + "\n  - ".join(problems)

@@ -14,10 +14,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import jaxarena
-from jaxarena import ArenaError, ArenaPlan, BufferSizes, Levers, ModelConfig, Target
-from jaxarena._lifetimes import Lifetimes, record_lifetimes
-from jaxarena._packing import _best_offset, packing_report
-from jaxarena._plan import regions_from
+from jaxarena import (
+    ArenaError,
+    ArenaPlan,
+    BufferSizes,
+    Levers,
+    Lifetimes,
+    ModelConfig,
+    Region,
+    Target,
+    packing_report,
+    record_lifetimes,
+)
+from jaxarena._arena.packing import _best_offset
 
 GB10 = Target.preset("gb10")
 LIMITS = [(8192, 262144, 64, 128), (2048, 131072, 16, 64)]
@@ -198,9 +207,11 @@ def test_validate_reports_every_violation_at_once():
     # Bytes:  a [0, 1024)  b [512, 1536)  c [1024, 2048)  e [1536, 2048)  d [0, 256)
     # a, b, c live at step 0; d never live; e not named (live always).
     lt = Lifetimes({"a": [("m", 0, 1)], "b": [("m", 0, 1)], "c": [("m", 0, 1)], "d": []})
-    regions = regions_from(
-        [("a", 0, 1024), ("b", 512, 1024), ("c", 1024, 1024), ("e", 1536, 512), ("d", 0, 256)]
-    )
+    regions = tuple(
+        Region(*t)
+        for t in [("a", 0, 1024), ("b", 512, 1024), ("c", 1024, 1024), ("e", 1536, 512),
+                  ("d", 0, 256)]
+    )  # fmt: skip
     names = [r.name for r in regions]
     everything = frozenset(frozenset((x, y)) for x in names for y in names if x != y)
     plan = ArenaPlan(regions, 2048, 256, 0, everything)
@@ -220,7 +231,7 @@ def test_validate_reports_every_violation_at_once():
 def test_validate_reports_covered_guard_bands():
     lt = Lifetimes({"a": [("m", 0, 1)], "b": [("m", 1, 2)]})
     # b's bytes [0, 150) cover a's guard [100, 116); b's guard [150, 166) is clear.
-    regions = regions_from([("a", 0, 100), ("b", 0, 150)])
+    regions = (Region("a", 0, 100), Region("b", 0, 150))
     plan = ArenaPlan(regions, 256, 1, 16, frozenset({frozenset(("a", "b"))}))
     with pytest.raises(ArenaError, match=r"'b' \[0, 150\) covers the guard band \[100, 116\)"):
         plan.validate(lt)

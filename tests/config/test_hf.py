@@ -20,8 +20,21 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import jaxarena
-from jaxarena._config import LAYER_TYPES, ConfigError, ModelConfig
-from jaxarena._hf import load, parse, parse_json_text
+from jaxarena import ConfigError, ModelConfig
+from jaxarena._config import hf_families, hf_source
+from jaxarena._config.schema import LAYER_TYPES
+
+
+def load(source, **kw):
+    return ModelConfig.from_hf(source, **kw)
+
+
+def parse(data, *, source=hf_families.DICT_SOURCE):
+    return ModelConfig(**hf_families.parse(data, source=source))
+
+
+def parse_json_text(text, *, source):
+    return ModelConfig(**hf_source.parse_json_text(text, source=source))
 
 PRESET_DIR = Path(jaxarena.__file__).parent / "presets"
 PRESET_JSON = {p.stem: json.loads(p.read_text()) for p in sorted(PRESET_DIR.glob("*.json"))}

@@ -1,4 +1,4 @@
-"""Per-device sizing under tensor/expert parallelism (`shard_config`, `scaling_table`) and the
+"""Per-device sizing under tensor/expert parallelism (`ModelConfig.shard`, `scaling_table`) and the
 tensor-parallel attention block over a sharded arena (one arena per device, in place)."""
 
 from __future__ import annotations
@@ -11,19 +11,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _helpers.tolerances import tol
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax import lax
 
 import jaxarena
 from jaxarena import ArenaError, ArenaPlan, BufferSizes, ConfigError, Levers, ModelConfig, Target
-from jaxarena._shard import (
-    BufferScaling,
-    experts_per_device,
-    format_scaling_table,
-    scaling_table,
-    shard_config,
-)
+from jaxarena._config.shard import experts_per_device
+from jaxarena._sizing.scaling import BufferScaling, format_scaling_table, scaling_table
 from jaxarena.models.tp_attention import (
     attention_arena_plan,
     init_attention_weights,
@@ -31,7 +27,6 @@ from jaxarena.models.tp_attention import (
     shard_attention_weights,
 )
 from jaxarena.testing import memory_footprint
-from tests.tolerances import tol
 
 # Serve limits of the sizing tests: M = 100 tokens is not a multiple of 16 (so ceil16 shows).
 M, SEQ, KV_BLOCK, BATCH = 100, 4096, 16, 8
@@ -70,7 +65,7 @@ def _per_device_heads(total: int, tp: int) -> int:
     return total // tp if total >= tp else min(total, 1)
 
 
-# -- shard_config on the presets --------------------------------------------------------------
+# -- ModelConfig.shard on the presets --------------------------------------------------------------
 
 
 @pytest.mark.parametrize("tp", TPS)
@@ -79,9 +74,9 @@ def test_preset_per_device_sizes_match_hand_formulas(name, tp):
     cfg = ModelConfig.preset(name)
     if not _splits(cfg, tp):
         with pytest.raises(ConfigError, match=f"tp={tp}"):
-            shard_config(cfg, tp=tp)
+            cfg.shard(tp=tp)
         return
-    dev = _sizes(shard_config(cfg, tp=tp))
+    dev = _sizes(cfg.shard(tp=tp))
     full = _sizes(cfg)
     h, hd = cfg.hidden_size, cfg.head_dim
     hq = cfg.num_attention_heads // tp
@@ -126,19 +121,19 @@ def test_preset_per_device_sizes_match_hand_formulas(name, tp):
 @pytest.mark.parametrize("name", jaxarena.presets())
 def test_tp1_is_the_identity(name):
     cfg = ModelConfig.preset(name)
-    assert shard_config(cfg) == cfg
-    assert _sizes(shard_config(cfg, tp=1, ep=1)) == _sizes(cfg)
+    assert cfg.shard() == cfg
+    assert _sizes(cfg.shard(tp=1, ep=1)) == _sizes(cfg)
 
 
 def test_kv_heads_and_groups_replicate_below_tp():
     cfg = ModelConfig.preset("nemotron-3-nano-30b-a3b")  # 2 KV heads, 8 Mamba groups
     assert cfg.num_key_value_heads == 2 and cfg.n_groups == 8
-    local = shard_config(cfg, tp=8)
+    local = cfg.shard(tp=8)
     assert (local.num_key_value_heads, local.n_groups, local.mamba_num_heads) == (1, 1, 8)
     mamba = ModelConfig.preset("mamba2-2.7b")  # one group, replicated on every device
     assert mamba.n_groups == 1
     for tp in (2, 4, 8, 16):
-        assert shard_config(mamba, tp=tp).n_groups == 1
+        assert mamba.shard(tp=tp).n_groups == 1
 
 
 # -- errors --------------------------------------------------------------------------------------
@@ -192,14 +187,14 @@ def _small(**kw) -> ModelConfig:
 )
 def test_uneven_split_is_a_config_error_naming_the_field(cfg, tp, field):
     with pytest.raises(ConfigError) as e:
-        shard_config(cfg, tp=tp)
+        cfg.shard(tp=tp)
     assert field in str(e.value) and f"tp={tp}" in str(e.value)
 
 
 def test_every_uneven_field_is_reported_at_once():
     cfg = _small(num_attention_heads=12, num_key_value_heads=12, intermediate_size=100)
     with pytest.raises(ConfigError) as e:
-        shard_config(cfg, tp=8)
+        cfg.shard(tp=8)
     msg = str(e.value)
     for field in ("num_attention_heads=12", "num_key_value_heads=12", "intermediate_size=100"):
         assert field in msg
@@ -207,19 +202,14 @@ def test_every_uneven_field_is_reported_at_once():
 
 def test_error_names_the_preset_file():
     with pytest.raises(ConfigError, match=r"qwen3-8b\.json"):
-        shard_config(ModelConfig.preset("qwen3-8b"), tp=3)
+        ModelConfig.preset("qwen3-8b").shard(tp=3)
 
 
 @pytest.mark.parametrize("bad", [0, -2, 1.5, True, "2", None])
 @pytest.mark.parametrize("arg", ["tp", "ep", "vocab_multiple"])
 def test_parallel_degrees_must_be_positive_ints(arg, bad):
     with pytest.raises(ConfigError, match=f"{arg}="):
-        shard_config(_small(num_experts=4, moe_intermediate_size=32), **{arg: bad})
-
-
-def test_shard_config_rejects_non_configs():
-    with pytest.raises(TypeError, match="ModelConfig"):
-        shard_config({"hidden_size": 64}, tp=2)
+        _small(num_experts=4, moe_intermediate_size=32).shard(**{arg: bad})
 
 
 # -- expert parallelism ---------------------------------------------------------------------------
@@ -227,7 +217,7 @@ def test_shard_config_rejects_non_configs():
 
 def test_ep_keeps_experts_whole_and_the_router_global():
     cfg = ModelConfig.preset("qwen3-30b-a3b")  # 128 experts, top-8, moe_intermediate 768
-    local = shard_config(cfg, tp=4, ep=4)
+    local = cfg.shard(tp=4, ep=4)
     # EP replaces TP for the expert weights; the router still scores all 128 experts.
     assert local.moe_intermediate_size == cfg.moe_intermediate_size
     assert local.num_experts == cfg.num_experts
@@ -242,10 +232,10 @@ def test_ep_keeps_experts_whole_and_the_router_global():
     assert dev.expert_gate_out == k_max * max(top_k * moe_i, cfg.intermediate_size // 4) * 2
     assert dev.expert_down_out == full.expert_down_out
     # With ep == 1 the experts are TP-split instead.
-    assert shard_config(cfg, tp=4).moe_intermediate_size == moe_i // 4
+    assert cfg.shard(tp=4).moe_intermediate_size == moe_i // 4
     # EP allows expert widths that TP could not split.
     odd = _small(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=20)
-    assert shard_config(odd, tp=8, ep=8).moe_intermediate_size == 20
+    assert odd.shard(tp=8, ep=8).moe_intermediate_size == 20
 
 
 @pytest.mark.parametrize(
@@ -257,7 +247,7 @@ def test_ep_keeps_experts_whole_and_the_router_global():
 )
 def test_ep_errors(cfg, ep, needle):
     with pytest.raises(ConfigError, match=needle):
-        shard_config(cfg, ep=ep)
+        cfg.shard(ep=ep)
     with pytest.raises(ConfigError, match=needle):
         experts_per_device(cfg, ep=ep)
 
@@ -277,16 +267,16 @@ def test_experts_per_device_of_a_dense_model_is_zero():
 )
 def test_vocab_is_padded_to_a_multiple_then_split(vocab, tp, multiple):
     cfg = ModelConfig(hidden_size=64, vocab_size=vocab)  # nothing else to split
-    per_dev = shard_config(cfg, tp=tp, vocab_multiple=multiple).vocab_size
+    per_dev = cfg.shard(tp=tp, vocab_multiple=multiple).vocab_size
     padded = per_dev * tp
     assert padded >= vocab and padded % (multiple * tp) == 0
     assert padded - vocab < multiple * tp  # the least such padding
 
 
 def test_vocab_padding_examples():
-    assert shard_config(_small(vocab_size=32001), tp=4).vocab_size == 8001
-    assert shard_config(_small(vocab_size=32001), tp=8, vocab_multiple=128).vocab_size == 4096
-    assert shard_config(_small(vocab_size=32000), tp=8).vocab_size == 4000
+    assert _small(vocab_size=32001).shard(tp=4).vocab_size == 8001
+    assert _small(vocab_size=32001).shard(tp=8, vocab_multiple=128).vocab_size == 4096
+    assert _small(vocab_size=32000).shard(tp=8).vocab_size == 4000
 
 
 # -- property: split or error, by the written rules ------------------------------------------------
@@ -307,9 +297,9 @@ def test_attention_split_property(kv, group, hd, inter, gated, tp, m):
                  intermediate_size=inter, attn_gated=gated)  # fmt: skip
     if not _splits(cfg, tp):
         with pytest.raises(ConfigError):
-            shard_config(cfg, tp=tp)
+            cfg.shard(tp=tp)
         return
-    local = shard_config(cfg, tp=tp)
+    local = cfg.shard(tp=tp)
     assert local.num_attention_heads * tp == cfg.num_attention_heads
     assert local.num_key_value_heads == _per_device_heads(kv, tp)
     # Every device's query heads read KV heads it holds.
@@ -335,7 +325,7 @@ def _table(cfg, tp, ep=1):
 def test_scaling_table_columns_come_from_buffer_sizes():
     cfg = ModelConfig.preset("qwen3-8b")
     rows = _table(cfg, 8)
-    full, dev = _sizes(cfg).as_dict(), _sizes(shard_config(cfg, tp=8)).as_dict()
+    full, dev = _sizes(cfg).as_dict(), _sizes(cfg.shard(tp=8)).as_dict()
     assert [r.name for r in rows] == list(full)
     assert {r.name: r.global_bytes for r in rows} == full
     assert {r.name: r.device_bytes for r in rows} == dev
@@ -419,7 +409,7 @@ def _device_qkv(ref, cfg, tp, d):
 
 def _setup(cfg, tp, *, dtype=jnp.float32, guard_bytes=64):
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:tp]), ("tp",))
-    sizes = _sizes(shard_config(cfg, tp=tp), MAX_M)
+    sizes = _sizes(cfg.shard(tp=tp), MAX_M)
     plan = attention_arena_plan(sizes, dtype=dtype, guard_bytes=guard_bytes)
     step = make_tp_attention_step(cfg, plan, mesh, dtype=dtype)
     return mesh, plan, step
@@ -492,7 +482,7 @@ def test_bf16_block_fits_the_seed_sized_regions_exactly():
     # views fit it (a region too small would be an ArenaError while tracing).
     cfg = _small(num_key_value_heads=2, attn_gated=True)
     mesh, plan, step = _setup(cfg, 8, dtype=jnp.bfloat16, guard_bytes=0)
-    sizes = _sizes(shard_config(cfg, tp=8), MAX_M)
+    sizes = _sizes(cfg.shard(tp=8), MAX_M)
     assert plan == ArenaPlan.sequential(sizes)
     w = init_attention_weights(0, cfg, dtype=jnp.bfloat16)
     ws = shard_attention_weights(w, cfg, mesh)
@@ -527,10 +517,11 @@ def test_tp_step_validation():
 
 
 def test_public_names_have_docstrings():
-    from jaxarena import _shard
+    from jaxarena._config import shard
+    from jaxarena._sizing import scaling
     from jaxarena.models import tp_attention
 
-    for module in (_shard, tp_attention):
+    for module in (shard, scaling, tp_attention):
         for name in module.__all__:
             assert (getattr(module, name).__doc__ or "").strip(), f"{module.__name__}.{name}"
     assert dataclasses.is_dataclass(BufferScaling)

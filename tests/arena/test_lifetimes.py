@@ -11,15 +11,18 @@ import jax.numpy as jnp
 import pytest
 
 import jaxarena
-from jaxarena import ArenaError, ArenaPlan, BufferSizes, Levers, ModelConfig, Target
-from jaxarena._lifetimes import (
-    LAYER_PHASES,
-    MODES,
+from jaxarena import (
+    ArenaError,
+    ArenaPlan,
+    BufferSizes,
     Interval,
+    Levers,
     Lifetimes,
+    ModelConfig,
+    Target,
     record_lifetimes,
-    standard_schedule,
 )
+from jaxarena._arena.schedule import LAYER_PHASES, MODES, standard_schedule
 
 FIELDS = [f.name for f in dataclasses.fields(BufferSizes)]
 GB10 = Target.preset("gb10")

@@ -1,5 +1,5 @@
-"""The lifetime-aware packer behind `ArenaPlan.packed`, plan validation against lifetimes, and
-`packing_report` (the numbers `jaxarena plan --packed` prints).
+"""The lifetime-aware packer behind `ArenaPlan.packed` (sizes + lifetimes -> offsets) and the
+check of a layout against lifetimes. It never sees `ArenaPlan`.
 
 The packer is the offline greedy best-fit used by memory planners (TFLite's arena planner,
 XLA's heap simulator with a global decreasing-size order): buffers are placed one at a time;
@@ -26,18 +26,12 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from jaxarena._lifetimes import Interval, Lifetimes, _first_common
-from jaxarena._plan import (
-    ROW_BYTES,
-    ArenaError,
-    ArenaPlan,
-    Region,
-    _is_pow2,
-    _round_up,
-    _size_items,
-)
+from jaxarena._arena.bytes import ROW_BYTES
+from jaxarena._arena.lifetimes import Interval, Lifetimes, first_common
+from jaxarena._units import round_up as _round_up
+from jaxarena._units import size_items as _size_items
 
-__all__ = ["pack", "packed_plan", "plan_violations", "packing_report"]
+__all__ = ["pack", "plan_violations"]
 
 _INF = math.inf
 # Local search: placements tried after the greedy orders, and how many of the highest buffers
@@ -71,29 +65,28 @@ class _Buf:
 
 def pack(
     sizes: Any, lifetimes: Lifetimes, *, align_bytes: int = 256, guard_bytes: int = 0
-) -> tuple[dict[str, int], int, str]:
+) -> tuple[dict[str, int], int]:
     """Offsets for the non-empty buffers of `sizes` so that conflicting buffers never share a byte.
 
     Returns:
-      `(offsets, end_bytes, order)`: `{name: offset_bytes}` (multiples of `align_bytes`), the
-      end of the highest region (guard band included), and the name of the placement order
-      that won.
+      `(offsets, end_bytes)`: `{name: offset_bytes}` (multiples of `align_bytes`) and the end
+      of the highest region (guard band included).
     """
     bufs, conflict = _prepare(sizes, lifetimes, align_bytes, guard_bytes)
     if not bufs:
-        return {}, 0, "empty"
+        return {}, 0
     lower = lifetimes.lower_bound_bytes(sizes, align_bytes=align_bytes, guard_bytes=guard_bytes)
     unit = max(align_bytes, ROW_BYTES)
-    best: tuple[int, dict[str, int], str] | None = None
-    for order_name, order in _orders(bufs, conflict, lifetimes, sizes, align_bytes, guard_bytes):
+    best: tuple[int, dict[str, int]] | None = None
+    for _, order in _orders(bufs, conflict, lifetimes, sizes, align_bytes, guard_bytes):
         for fit in ("best", "first"):
             offsets = _place(order, conflict, align_bytes, guard_bytes, fit)
             end = max(offsets[b.index] + b.span for b in bufs)
             if best is None or end < best[0]:
-                best = (end, {b.name: offsets[b.index] for b in bufs}, f"{order_name}/{fit}")
+                best = (end, {b.name: offsets[b.index] for b in bufs})
                 best_order, best_fit = order, fit
             if _round_up(best[0], unit) <= _round_up(lower, unit):
-                return best[1], best[0], best[2]
+                return best[1], best[0]
     assert best is not None
     # Local search from the winning order: move one of the buffers that end highest to an
     # earlier place in the order. A fixed number of tries keeps the result deterministic.
@@ -112,56 +105,28 @@ def pack(
                 end = max(offsets[c.index] + c.span for c in bufs)
                 budget -= 1
                 if end < best[0]:
-                    best = (end, {c.name: offsets[c.index] for c in bufs}, best[2] + "+search")
+                    best = (end, {c.name: offsets[c.index] for c in bufs})
                     order, improved = trial, True
                     break
                 if budget <= 0:
                     break
             if improved or budget <= 0:
                 break
-    return best[1], best[0], best[2]
+    return best[1], best[0]
 
 
-def packed_plan(
-    cls: type[ArenaPlan],
-    sizes: Any,
-    lifetimes: Lifetimes,
-    *,
-    align_bytes: int = 256,
-    guard_bytes: int = 0,
-) -> ArenaPlan:
-    """`ArenaPlan.packed`: regions in the order of `sizes`, offsets from `pack`."""
-    if not isinstance(lifetimes, Lifetimes):
-        raise ArenaError(
-            f"lifetimes must be a Lifetimes (Lifetimes.standard(config), record_lifetimes(...)), "
-            f"got {type(lifetimes).__name__}"
-        )
-    if not _is_pow2(align_bytes):
-        raise ArenaError(f"align_bytes={align_bytes!r} must be a power of two")
-    if isinstance(guard_bytes, bool) or not isinstance(guard_bytes, int) or guard_bytes < 0:
-        raise ArenaError(f"guard_bytes={guard_bytes!r} must be an int >= 0")
-    items = [(n, b) for n, b in _size_items(sizes) if b]
-    offsets, end, _ = pack(sizes, lifetimes, align_bytes=align_bytes, guard_bytes=guard_bytes)
-    regions = tuple(Region(n, offsets[n], b) for n, b in items)
-    # Rounded to the alignment too, so that total_bytes >= the lower bound (whose buffers each
-    # count rounded up to align_bytes) even for align_bytes > ROW_BYTES; like `sequential`.
-    total = _round_up(end, max(align_bytes, ROW_BYTES)) if regions else ROW_BYTES
-    names = [n for n, _ in items]
-    may_alias = frozenset(
-        frozenset((a, b))
-        for i, a in enumerate(names)
-        for b in names[i + 1 :]
-        if not lifetimes.conflicts(a, b)
-    )
-    return cls(regions, total, align_bytes, guard_bytes, may_alias, lifetimes=lifetimes)
+def plan_violations(regions: Any, guard_bytes: int, lifetimes: Lifetimes) -> list[str]:
+    """Every way a layout breaks `lifetimes`: conflicting regions that share bytes, and (with
+    guard bands) regions whose bytes cover another region's guard band.
 
-
-def plan_violations(plan: ArenaPlan, lifetimes: Lifetimes) -> list[str]:
-    """Every way `plan` breaks `lifetimes`: conflicting regions that share bytes, and (with
-    guard bands) regions whose bytes cover another region's guard band."""
+    Args:
+      regions: objects with `name`, `offset_bytes` and `end_bytes` (a plan's regions).
+      guard_bytes: the guard band after every region.
+      lifetimes: the lifetimes to check against.
+    """
     problems: list[str] = []
-    g = plan.guard_bytes
-    regions = sorted(plan.region_list, key=lambda r: r.offset_bytes)
+    g = guard_bytes
+    regions = sorted(regions, key=lambda r: r.offset_bytes)
     for i, a in enumerate(regions):
         for b in regions[i + 1 :]:
             if b.offset_bytes >= a.end_bytes + g:
@@ -193,37 +158,6 @@ def plan_violations(plan: ArenaPlan, lifetimes: Lifetimes) -> list[str]:
     return problems
 
 
-def packing_report(sizes: Any, lifetimes: Lifetimes, align_bytes: int = 256) -> dict[str, Any]:
-    """The numbers behind `jaxarena plan --packed`, as plain JSON-ready data.
-
-    Returns:
-      `{"sequential_bytes", "packed_bytes", "lower_bound_bytes", "peak", "regions"}`: the
-      totals of `ArenaPlan.sequential(sizes)` and `ArenaPlan.packed(sizes, lifetimes)`, the
-      lower bound (`lifetimes.lower_bound_bytes`), the peak as `[mode, step, label]`, and one
-      dict per region in the order of `sizes`: `name`, `offset_bytes`, `nbytes` and `live`,
-      a list of `[mode, start, end]` half-open step intervals (every step of every mode for a
-      buffer the lifetimes do not name).
-    """
-    seq = ArenaPlan.sequential(sizes, align_bytes=align_bytes)
-    plan = ArenaPlan.packed(sizes, lifetimes, align_bytes=align_bytes)
-    peak = lifetimes.peak(sizes, align_bytes=align_bytes)
-    return {
-        "sequential_bytes": seq.total_bytes,
-        "packed_bytes": plan.total_bytes,
-        "lower_bound_bytes": peak.bytes,
-        "peak": [peak.mode, peak.step, lifetimes.label(peak.mode, peak.step)],
-        "regions": [
-            {
-                "name": r.name,
-                "offset_bytes": r.offset_bytes,
-                "nbytes": r.nbytes,
-                "live": [list(iv) for iv in lifetimes.intervals(r.name)],
-            }
-            for r in plan.region_list
-        ],
-    }
-
-
 # -- placement ---------------------------------------------------------------------------------
 
 
@@ -238,7 +172,7 @@ def _prepare(
     conflict = [[False] * n for _ in range(n)]
     for i in range(n):
         for j in range(i + 1, n):
-            if _first_common(bufs[i].intervals, bufs[j].intervals) is not None:
+            if first_common(bufs[i].intervals, bufs[j].intervals) is not None:
                 conflict[i][j] = conflict[j][i] = True
     return bufs, conflict
 

@@ -8,10 +8,10 @@ need is the peak, over modes and steps, of the bytes live at one step (`Lifetime
 
 Two sources of lifetimes:
 
-* `Lifetimes.standard(config)`: the documented table below, for the standard layer schedule
-  of the seed's runtime. It is written from what each buffer is for (the comments in
-  `_sizes.py` and the sizing spec), not from a trace, and it is conservative where the seed's
-  use is not certain.
+* `Lifetimes.standard(config)`: the standard layer schedule of the seed's runtime, a table
+  kept as data in `jaxarena._arena.schedule` (which documents it). It is written from what
+  each buffer is for, not from a trace, and it is conservative where the seed's use is not
+  certain.
 * `record_lifetimes(fn, *args, mode=...)`: intervals recorded from the `plan.view` and
   `plan.write` calls a step function makes when it is traced.
 
@@ -22,134 +22,27 @@ Rules shared by both:
 * A buffer the lifetimes do name is live exactly over its intervals; in a mode where it has
   none it is dead (that mode does not use it). So a recording must cover a whole pass of its
   mode; merge several recordings (`a | b`) to cover several modes.
-
-The standard schedule (`standard_schedule`)
------------------------------------------------
-
-Every mode runs the same phases; the modes differ in which buffers they use. One pass is
-
-    upload, embed,                                   # prologue
-    <block>.pre_norm ... <block>.ffn_add             # one block per mixer kind (below)
-    final_norm, lm_head, mtp_propose                 # epilogue
-
-with these phases in each block (`LAYER_PHASES`):
-
-    pre_norm   residual add + RMSNorm (and the hyper-connection pre-mix) -> norm_output
-    quant_in   activation quantization of the mixer input (FP8 prefill, q8_1 MMQ)
-    proj_in    input projections: QKV / GDN QKVZ + BA / Mamba-2 in_proj / MLA latents (+LoRA)
-    prep       RoPE, de-interleave, conv1d, gates; prefill K/V staging; QSA selection
-    mix        the mixer: attention (split-K in decode), GDN FLA or SSD chunked scan
-    quant_out  quantization of the mixer output
-    o_proj     output projection (grouped O latent, LoRA)
-    post_norm  residual add + RMSNorm (and the hyper-connection post-mix)
-    router     MoE router logits (bf16 and f32), top-k ids and weights
-    ffn_quant  quantization of the FFN input (dense int8/FP8/NVFP4, grouped FP8 MoE)
-    ffn_up     gate and up GEMMs (routed experts, shared expert, fused dense decode GEMM)
-    ffn_act    SiLU(gate) * up and its quantization for the down GEMM
-    ffn_down   down GEMMs and the expert combine
-    ffn_add    FFN output + residual -> hidden_states (and the hyper-connection post-mix)
-
-Blocks: `attn` when the model has attention layers, `ssm` when it has gated-delta-net or
-Mamba-2 layers (an attention-free, SSM-free config gets an `attn` block so that every buffer
-has a place). Layers of one kind repeat the same pattern and every buffer that lives across
-layers is live for the whole pass, so one block per kind gives exactly the conflicts and the
-peak of the fully unrolled pass. Every block carries the FFN phases: for configs whose FFN
-layers are separate (`moe`/`mlp` entries in `layer_types`, Nemotron-H) this only adds
-conflicts, never removes one.
-
-Modes: `prefill` runs the chunked prefill kernels (FP8 projections, GDN FLA, SSD, QSA
-selection, grouped FP8 MoE, the dense FFN's activation quantization); `decode` runs the
-one-token kernels (split-K attention, the fused dense gate+up GEMM); `verify` (batched MTP
-verify, up to 256 rows) may take either path, so it uses the union of both.
-
-The table (`_TABLE`; scopes: `pass` = the whole pass, `layer` = every block, `attn`/`ssm` =
-blocks of that kind, `epilogue`):
-
-| buffer | live (modes: scope first..last phase) |
-|---|---|
-| hidden_states, residual | all: pass (the residual stream) |
-| scratch | all: pass (step metadata, top-k ids/weights, q12 staging: the union of its uses) |
-| token_ids, lora_seq_slot | all: pass (read by every hash-routed MoE / LoRA projection) |
-| norm_unit_w | all: pass (a constant zero weight; sharing would overwrite it) |
-| hc_streams | all: pass (hyper-connection residual streams) |
-| ssm_rowwise_w_bf16 | all: pass (a weight cache that outlives the pass) |
-| q2_dequant_scratch | all: pass (one dequantized weight, reused by every projection) |
-| norm_output | all: layer pre_norm..proj_in, ssm mix..o_proj (gated norm at d_inner width), layer post_norm..ffn_up, epilogue final_norm..lm_head |
-| qkv_output | all: attn proj_in..mix |
-| attn_output | all: attn mix..o_proj, ssm mix..o_proj |
-| gate_logits, gate_logits_f32, moe_router_in_f32 | all: layer router |
-| moe_output | all: layer o_proj..ffn_add (the FFN output; also the o_proj output, to be safe) |
-| logits | all: epilogue lm_head..mtp_propose (read by the caller after the pass) |
-| ssm_qkvz | prefill+verify: attn prep..mix (K then V rows); all: ssm proj_in..o_proj (QKVZ / in_proj, z read after the mixer); all: layer ffn_up..ffn_down (shared-expert up) |
-| ssm_ba | all: attn proj_in..mix (MLA q_latent, K rope), ssm proj_in..mix (beta/alpha), layer router..ffn_down (LatentMoE latent), epilogue mtp_propose (concat) |
-| ssm_deinterleaved | all: attn prep..mix (query rows, absorbed MLA Q), ssm prep..o_proj (QKVZ with z, Mamba-2 xBC) |
-| ssm_gates | all: ssm prep..mix, epilogue mtp_propose (propose's normed rows) |
-| ssm_conv_out_f32 | all: attn prep..mix (MLA Q rope rows), ssm prep..mix (f32 conv output) |
-| expert_gate_out, expert_up_out | all: layer ffn_up..ffn_down |
-| expert_down_out | all: layer ffn_down..ffn_add |
-| splitk_workspace | decode+verify: attn mix |
-| gdn_fla_scratch, ssd_scratch | prefill+verify: ssm mix |
-| qsa_select_scratch | prefill+verify: attn prep..mix |
-| o_latent | all: attn o_proj |
-| hc_post, hc_comb, hc_lowrank_scratch | all: layer pre_norm..ffn_add, epilogue final_norm |
-| ffn_act_q8, ffn_act_a, ffn_act_scale, ffn_act_scale_kmajor | prefill+verify: layer ffn_quant..ffn_down |
-| ffn_gate_up_fused | decode+verify: layer ffn_up..ffn_down |
-| fp8_act, fp8_act_scale, fp8_act_scale_kmajor | prefill+verify: layer quant_in..proj_in, mix..o_proj, epilogue final_norm..lm_head |
-| moe_fp8_scratch | prefill+verify: layer ffn_quant..ffn_down |
-| lora_xa, lora_delta | all: layer proj_in, o_proj, ffn_up, ffn_down (shrink then expand, per projection) |
-| lora_hact | all: layer ffn_up..ffn_down |
-| q2_act_q8 | all: layer quant_in..proj_in, mix..o_proj, ffn_quant..ffn_down, epilogue final_norm..lm_head |
-
-Assumptions: the MTP propose's own decoder layer runs as a separate pass (so only its concat
-and normed rows are in this epilogue); the o_proj output may land in `moe_output`; the dense
-FFN's `ffn_act_*` buffers serve the FFN only (the mixer projections quantize into `fp8_act`,
-whose K covers exactly their input widths).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import numbers
 import types
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from jaxarena import _events
-from jaxarena._config import ModelConfig
-from jaxarena._plan import ArenaError
+from jaxarena._arena import schedule
+from jaxarena._errors import ArenaError
+from jaxarena._units import is_int as _is_int
+from jaxarena._units import is_pow2 as _is_pow2
+from jaxarena._units import round_up as _round_up
+from jaxarena._units import size_items as _size_items
 
 __all__ = [
     "Interval",
     "Lifetimes",
     "Peak",
-    "MODES",
-    "LAYER_PHASES",
-    "standard_schedule",
-    "record_lifetimes",
 ]
-
-# The modes of the seed's runtime, which never run at the same time.
-MODES = ("prefill", "decode", "verify")
-
-LAYER_PHASES = (
-    "pre_norm",
-    "quant_in",
-    "proj_in",
-    "prep",
-    "mix",
-    "quant_out",
-    "o_proj",
-    "post_norm",
-    "router",
-    "ffn_quant",
-    "ffn_up",
-    "ffn_act",
-    "ffn_down",
-    "ffn_add",
-)
-_PROLOGUE = ("upload", "embed")
-_EPILOGUE = ("final_norm", "lm_head", "mtp_propose")
-
 
 class Interval(NamedTuple):
     """Steps `[start, end)` of `mode` during which a buffer is live (`0 <= start < end`)."""
@@ -167,14 +60,6 @@ class Peak(NamedTuple):
     mode: str
     step: int
     names: tuple[str, ...]
-
-
-def _round_up(x: int, a: int) -> int:
-    return -(-x // a) * a
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
 @dataclasses.dataclass(frozen=True, init=False)
@@ -338,11 +223,11 @@ class Lifetimes:
 
     def conflicts(self, a: str, b: str) -> bool:
         """True when `a` and `b` are live at a common step of some mode (must not share bytes)."""
-        return _first_common(self.intervals(a), self.intervals(b)) is not None
+        return first_common(self.intervals(a), self.intervals(b)) is not None
 
     def common_step(self, a: str, b: str) -> Interval | None:
         """The first interval in which both `a` and `b` are live, or None."""
-        return _first_common(self.intervals(a), self.intervals(b))
+        return first_common(self.intervals(a), self.intervals(b))
 
     # -- bounds -----------------------------------------------------------------------------
 
@@ -427,34 +312,17 @@ class Lifetimes:
     # -- sources ----------------------------------------------------------------------------
 
     @classmethod
-    def standard(cls, config: ModelConfig) -> Lifetimes:
+    def standard(cls, config: Any) -> Lifetimes:
         """The documented table (module docstring) for the seed's standard layer schedule.
 
         Covers all 46 `BufferSizes` fields in the modes `prefill`, `decode` and `verify`; the
         steps are the phases of `standard_schedule(config)` (also the step labels).
         """
-        if not isinstance(config, ModelConfig):
-            raise TypeError(f"config must be a ModelConfig, got {type(config).__name__}")
-        phases = _phases(config)
-        index = {p: i for i, p in enumerate(phases)}
-        blocks = _blocks(config)
-        live: dict[str, list[tuple[str, int, int]]] = {}
-        for name, uses in _TABLE.items():
-            out = live.setdefault(name, [])
-            for modes, scope, first, last in uses:
-                if scope == "pass":
-                    spans = [(0, len(phases))]
-                elif scope == "epilogue":
-                    spans = [(index[first], index[last] + 1)]
-                else:
-                    kinds = blocks if scope == "layer" else [k for k in blocks if k == scope]
-                    spans = [(index[f"{k}.{first}"], index[f"{k}.{last}"] + 1) for k in kinds]
-                out.extend((m, s, e) for m in modes for s, e in spans)
-        n = len(phases)
+        phases, live = schedule.standard_live(config)
         return cls(
             live,
-            num_steps={m: n for m in MODES},
-            step_labels={m: phases for m in MODES},
+            num_steps={m: len(phases) for m in schedule.MODES},
+            step_labels={m: phases for m in schedule.MODES},
         )
 
     @classmethod
@@ -505,177 +373,6 @@ class Lifetimes:
         return cls(live, num_steps={mode: n}, step_labels={mode: labels})
 
 
-def record_lifetimes(
-    fn: Callable[..., Any],
-    *args: Any,
-    mode: str = "decode",
-    live_out: Iterable[str] = (),
-) -> Lifetimes:
-    """Records buffer lifetimes by tracing `fn(*args)` once, listening to the arena.
-
-    Every `plan.view` and `plan.write` traced is one step (`Lifetimes.from_events` gives the
-    rule). The trace runs under `jax.disable_jit()` inside `jax.make_jaxpr`, so nested and
-    already-compiled `jax.jit` functions are traced again instead of coming from JAX's cache
-    (which would skip their events), and `lax.scan`/`fori_loop` bodies are unrolled: a
-    48-layer scan records 48 layers. A `lax.cond` records both branches, one after the other;
-    a `while_loop` with a traced condition records its body once. Nothing is compiled or run.
-
-    Typical use: record with a sequential plan, pack, then run with the packed plan:
-
-        seq = ArenaPlan.sequential(sizes)
-        lt = record_lifetimes(functools.partial(step, seq), seq_arena, tokens, mode="decode")
-        plan = ArenaPlan.packed(sizes, lt)        # then call step(plan, plan.allocate(), ...)
-
-    Args:
-      fn: the step; bind non-array arguments (the plan, static ints) with `functools.partial`.
-      *args: its arguments: arrays or `jax.ShapeDtypeStruct`s (nothing is read).
-      mode: the name of the mode this pass runs in.
-      live_out: regions the caller reads after the step; they stay live to its end.
-
-    Returns:
-      `Lifetimes` with the single mode `mode`. Regions `fn` never touches are not named, so a
-      plan treats them as live always.
-    """
-    import jax
-
-    events: list[tuple[str, str]] = []
-    with _events.listening(lambda kind, name: events.append((kind, name))), jax.disable_jit():
-        jax.make_jaxpr(fn)(*args)
-    return Lifetimes.from_events(events, mode=mode, live_out=live_out)
-
-
-def standard_schedule(config: ModelConfig) -> tuple[str, ...]:
-    """The phases of one pass of `config` in the standard schedule (the same in every mode):
-    `upload, embed, <block>.<phase>... , final_norm, lm_head, mtp_propose`."""
-    return _phases(config)
-
-
-# -- the table ---------------------------------------------------------------------------------
-
-_ALL = MODES
-_PV = ("prefill", "verify")
-_DV = ("decode", "verify")
-_PASS = ((_ALL, "pass", "", ""),)
-
-# name -> uses; a use is (modes, scope, first phase, last phase), both phases included.
-# Scopes: "pass" (whole pass), "layer" (every block), "attn", "ssm", "epilogue".
-_TABLE: dict[str, tuple[tuple[tuple[str, ...], str, str, str], ...]] = {
-    "hidden_states": _PASS,
-    "residual": _PASS,
-    "norm_output": (
-        (_ALL, "layer", "pre_norm", "proj_in"),
-        (_ALL, "ssm", "mix", "o_proj"),
-        (_ALL, "layer", "post_norm", "ffn_up"),
-        (_ALL, "epilogue", "final_norm", "lm_head"),
-    ),
-    "qkv_output": ((_ALL, "attn", "proj_in", "mix"),),
-    "attn_output": ((_ALL, "attn", "mix", "o_proj"), (_ALL, "ssm", "mix", "o_proj")),
-    "gate_logits": ((_ALL, "layer", "router", "router"),),
-    "gate_logits_f32": ((_ALL, "layer", "router", "router"),),
-    "moe_router_in_f32": ((_ALL, "layer", "router", "router"),),
-    "moe_output": ((_ALL, "layer", "o_proj", "ffn_add"),),
-    "logits": ((_ALL, "epilogue", "lm_head", "mtp_propose"),),
-    "ssm_qkvz": (
-        (_PV, "attn", "prep", "mix"),
-        (_ALL, "ssm", "proj_in", "o_proj"),
-        (_ALL, "layer", "ffn_up", "ffn_down"),
-    ),
-    "ssm_ba": (
-        (_ALL, "attn", "proj_in", "mix"),
-        (_ALL, "ssm", "proj_in", "mix"),
-        (_ALL, "layer", "router", "ffn_down"),
-        (_ALL, "epilogue", "mtp_propose", "mtp_propose"),
-    ),
-    "ssm_deinterleaved": ((_ALL, "attn", "prep", "mix"), (_ALL, "ssm", "prep", "o_proj")),
-    "ssm_gates": (
-        (_ALL, "ssm", "prep", "mix"),
-        (_ALL, "epilogue", "mtp_propose", "mtp_propose"),
-    ),
-    "ssm_conv_out_f32": ((_ALL, "attn", "prep", "mix"), (_ALL, "ssm", "prep", "mix")),
-    "scratch": _PASS,
-    "expert_gate_out": ((_ALL, "layer", "ffn_up", "ffn_down"),),
-    "expert_up_out": ((_ALL, "layer", "ffn_up", "ffn_down"),),
-    "expert_down_out": ((_ALL, "layer", "ffn_down", "ffn_add"),),
-    "splitk_workspace": ((_DV, "attn", "mix", "mix"),),
-    "gdn_fla_scratch": ((_PV, "ssm", "mix", "mix"),),
-    "ssd_scratch": ((_PV, "ssm", "mix", "mix"),),
-    "o_latent": ((_ALL, "attn", "o_proj", "o_proj"),),
-    "norm_unit_w": _PASS,
-    "hc_streams": _PASS,
-    "hc_post": (
-        (_ALL, "layer", "pre_norm", "ffn_add"),
-        (_ALL, "epilogue", "final_norm", "final_norm"),
-    ),
-    "hc_comb": (
-        (_ALL, "layer", "pre_norm", "ffn_add"),
-        (_ALL, "epilogue", "final_norm", "final_norm"),
-    ),
-    "hc_lowrank_scratch": (
-        (_ALL, "layer", "pre_norm", "ffn_add"),
-        (_ALL, "epilogue", "final_norm", "final_norm"),
-    ),
-    "qsa_select_scratch": ((_PV, "attn", "prep", "mix"),),
-    "token_ids": _PASS,
-    "ffn_act_q8": ((_PV, "layer", "ffn_quant", "ffn_down"),),
-    "ffn_act_a": ((_PV, "layer", "ffn_quant", "ffn_down"),),
-    "ffn_act_scale": ((_PV, "layer", "ffn_quant", "ffn_down"),),
-    "ffn_act_scale_kmajor": ((_PV, "layer", "ffn_quant", "ffn_down"),),
-    "ffn_gate_up_fused": ((_DV, "layer", "ffn_up", "ffn_down"),),
-    "fp8_act": (
-        (_PV, "layer", "quant_in", "proj_in"),
-        (_PV, "layer", "mix", "o_proj"),
-        (_PV, "epilogue", "final_norm", "lm_head"),
-    ),
-    "moe_fp8_scratch": ((_PV, "layer", "ffn_quant", "ffn_down"),),
-    "fp8_act_scale": (
-        (_PV, "layer", "quant_in", "proj_in"),
-        (_PV, "layer", "mix", "o_proj"),
-        (_PV, "epilogue", "final_norm", "lm_head"),
-    ),
-    "fp8_act_scale_kmajor": (
-        (_PV, "layer", "quant_in", "proj_in"),
-        (_PV, "layer", "mix", "o_proj"),
-        (_PV, "epilogue", "final_norm", "lm_head"),
-    ),
-    "lora_xa": (
-        (_ALL, "layer", "proj_in", "proj_in"),
-        (_ALL, "layer", "o_proj", "o_proj"),
-        (_ALL, "layer", "ffn_up", "ffn_up"),
-        (_ALL, "layer", "ffn_down", "ffn_down"),
-    ),
-    "lora_delta": (
-        (_ALL, "layer", "proj_in", "proj_in"),
-        (_ALL, "layer", "o_proj", "o_proj"),
-        (_ALL, "layer", "ffn_up", "ffn_up"),
-        (_ALL, "layer", "ffn_down", "ffn_down"),
-    ),
-    "lora_hact": ((_ALL, "layer", "ffn_up", "ffn_down"),),
-    "lora_seq_slot": _PASS,
-    "q2_dequant_scratch": _PASS,
-    "q2_act_q8": (
-        (_ALL, "layer", "quant_in", "proj_in"),
-        (_ALL, "layer", "mix", "o_proj"),
-        (_ALL, "layer", "ffn_quant", "ffn_down"),
-        (_ALL, "epilogue", "final_norm", "lm_head"),
-    ),
-    "ssm_rowwise_w_bf16": _PASS,
-}
-
-
-def _blocks(config: ModelConfig) -> list[str]:
-    blocks = []
-    if config.num_attention_layers > 0:
-        blocks.append("attn")
-    if config.num_ssm_layers > 0:
-        blocks.append("ssm")
-    return blocks or ["attn"]
-
-
-def _phases(config: ModelConfig) -> tuple[str, ...]:
-    body = tuple(f"{k}.{p}" for k in _blocks(config) for p in LAYER_PHASES)
-    return _PROLOGUE + body + _EPILOGUE
-
-
 # -- helpers -----------------------------------------------------------------------------------
 
 
@@ -693,7 +390,7 @@ def _normalize(
     return tuple(out)
 
 
-def _first_common(a: Sequence[Interval], b: Sequence[Interval]) -> Interval | None:
+def first_common(a: Sequence[Interval], b: Sequence[Interval]) -> Interval | None:
     # Both are sorted by (mode, start) and disjoint within a mode: a two-pointer merge.
     i = j = 0
     while i < len(a) and j < len(b):
@@ -716,8 +413,6 @@ def _first_common(a: Sequence[Interval], b: Sequence[Interval]) -> Interval | No
 
 def _footprints(sizes: Any, align_bytes: int, guard_bytes: int) -> dict[str, int]:
     """`{name: round_up(nbytes + guard, align)}` of the non-empty buffers of `sizes`."""
-    from jaxarena._plan import _is_pow2, _size_items
-
     if not _is_pow2(align_bytes):
         raise ArenaError(f"align_bytes={align_bytes!r} must be a power of two")
     if not _is_int(guard_bytes) or guard_bytes < 0:

@@ -9,12 +9,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _helpers.hybrid_plain import PlainHybrid
+from _helpers.tolerances import tol
 
-from jaxarena import ModelConfig
+from jaxarena import ArenaPlan, BufferSizes, ModelConfig, record_lifetimes
 from jaxarena.models.hybrid import HybridModel, default_block_tables, init_caches, init_params
 from jaxarena.testing import assert_footprint, assert_traced_at_most, count_traces
-from tests.hybrid_plain import PlainHybrid
-from tests.tolerances import tol
 
 STEPS = 32
 PROMPT_LENS = (5, 16, 1, 11)  # one exactly a KV block, one of a single token
@@ -150,12 +150,9 @@ def test_decode_footprint(setup, arena_run):
 
 def test_packed_plan_gives_identical_results(setup, arena_run):
     """The same decode on a packed arena: bit-identical logits and tokens, guards intact."""
-    from jaxarena import ArenaPlan
-    from jaxarena._lifetimes import record_lifetimes
-
     cfg, model, params, prompts, tables = setup
-    sizes = HybridModel.sizes_for(cfg, model.max_batch_tokens, model.max_seq_len, BLOCK,
-                                  len(prompts), target=model.target, levers=model.levers)  # fmt: skip
+    sizes = BufferSizes.from_config(cfg, model.max_batch_tokens, model.max_seq_len, BLOCK,
+                                    len(prompts), target=model.target, levers=model.levers)  # fmt: skip
     b = len(prompts)
     caches = init_caches(cfg, num_blocks=b * BLOCKS_PER_SEQ, block_size=BLOCK, max_batch_size=b)
     cu = jnp.asarray(np.concatenate([[0], np.cumsum(PROMPT_LENS)]).astype(np.int32))

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from jaxarena import ArenaError, ArenaPlan, BufferSizes, GuardError, Levers, ModelConfig, Target
-from jaxarena._plan import ROW_BYTES
+from jaxarena._arena.bytes import ROW_BYTES
 from jaxarena.testing import (
     assert_footprint,
     assert_traced_at_most,
@@ -81,7 +81,7 @@ def test_bad_sizes_listed_together():
 
 
 def test_hand_built_overlap_reports_every_pair():
-    from jaxarena._plan import Region
+    from jaxarena import Region
 
     regions = (Region("a", 0, 512), Region("b", 256, 512), Region("c", 512, 256))
     with pytest.raises(ArenaError) as e:

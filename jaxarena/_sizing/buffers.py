@@ -11,13 +11,15 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from jaxarena import _layouts as L
-from jaxarena import _splitk
-from jaxarena._config import ConfigError, ModelConfig
-from jaxarena._levers import Levers
-from jaxarena._target import Target
+from jaxarena import workspaces as W
+from jaxarena._config.levers import Levers
+from jaxarena._config.model import ModelConfig
+from jaxarena._config.target import Target
+from jaxarena._errors import ConfigError
+from jaxarena._sizing import composite as L
+from jaxarena._units import ceil16, ceil_div
 
-__all__ = ["BufferSizes", "ServeLimits", "GATEUP_FUSED_MAX_M", "splitk_policy"]
+__all__ = ["BufferSizes", "ServeLimits", "GATEUP_FUSED_MAX_M"]
 
 # The widest M the fused dense-FFN gate+up decode GEMM serves: the row extent of
 # `ffn_gate_up_fused`.
@@ -29,11 +31,6 @@ _F32 = 4
 _PLACEHOLDER = 256
 # Left out of the seed's own `total_bytes()` although they are allocated (spec §13).
 _SEED_TOTAL_EXCLUDES = frozenset({"o_latent", "norm_unit_w"})
-
-
-def splitk_policy(levers: Levers, target: Target) -> _splitk.SplitKPolicy:
-    """The split-K policy in force: the lever's spelling when it parses, else the target's."""
-    return _splitk.resolve_policy(target.attn_decode_splitk, levers.attn_decode_splitk)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -198,9 +195,9 @@ class BufferSizes:
         qkv_dim = (q_heads * q_mul + 2 * kv_heads) * hd
         # Rows of every buffer a block-scaled FP8 GEMM touches: the GEMM runs on ceil16(M) rows
         # and reads/writes the pad rows, so M rows would be overrun by up to 15.
-        m_pad = L.ceil16(m)
+        m_pad = ceil16(m)
         # Expert outputs take ceil16(max(M, 3)) rows (a tiny prefill still gets 16).
-        k_max = L.ceil16(max(m, 3))
+        k_max = ceil16(max(m, 3))
         is_moe = c.num_experts > 0
         mla = c.kv_lora_rank > 0
         rope = c.qk_rope_head_dim
@@ -231,13 +228,13 @@ class BufferSizes:
         # Split-K decode: one [o[head_dim], m, l] f32 slot per (sequence, q head, split), for
         # the widest batch the decode metadata accepts. Too few slots would be an out-of-bounds
         # device write, so the kernel asks the same policy for its split count.
-        policy = splitk_policy(levers, target)
-        slots = _splitk.workspace_slots(
+        policy = W.splitk_policy(levers, target)
+        slots = W.workspace_slots(
             policy, target.sm_count, q_heads, rows, max(max_batch_size, 1)
         )
         splitk_workspace = slots * (hd + 2) * _F32
 
-        fp8_act_scale = m_pad * L.ceil_div(max_proj_k, 128) * _F32
+        fp8_act_scale = m_pad * ceil_div(max_proj_k, 128) * _F32
 
         if c.adapter_max_rank > 0:
             # The widest projection output a LoRA adapter can target.
@@ -261,7 +258,7 @@ class BufferSizes:
             ffn_act_scale = m_pad * (kmax // 32) * _F32
             ffn_act_scale_kmajor = m_pad * (kmax // 128) * _F32
             # The fused gate+up decode GEMM's [ceil16(16), 2 * intermediate] output.
-            ffn_gate_up_fused = L.ceil16(GATEUP_FUSED_MAX_M) * 2 * c.intermediate_size * _BF16
+            ffn_gate_up_fused = ceil16(GATEUP_FUSED_MAX_M) * 2 * c.intermediate_size * _BF16
         else:
             ffn_act_q8 = ffn_act_a = ffn_act_scale = ffn_act_scale_kmajor = 0
             ffn_gate_up_fused = 0
@@ -282,7 +279,7 @@ class BufferSizes:
             # over the compressed sequence (f32) and the selected lists (i32).
             slab = 2048
             qkw = (c.index_n_heads + 1) * c.index_head_dim
-            n_blocks = L.ceil_div(max_seq_len, c.index_compress_ratio)
+            n_blocks = ceil_div(max_seq_len, c.index_compress_ratio)
             topk = c.index_topk // c.index_compress_ratio
             qsa_select_scratch = (
                 slab * qkw * _BF16
@@ -312,7 +309,7 @@ class BufferSizes:
             gate_logits_f32=m * n_router * _F32 if is_moe else _PLACEHOLDER,
             moe_router_in_f32=m * h * _F32 if is_moe else _PLACEHOLDER,
             # ceil16(M) rows: the FP8 dense-FFN down projection writes its output here.
-            moe_output=L.ceil16(m) * h * _BF16,
+            moe_output=ceil16(m) * h * _BF16,
             logits=logits_tokens * c.vocab_size * _BF16,
             # The SSM buffers double as scratch for other layers: each is the largest of its
             # uses. ssm_qkvz: the GDN QKVZ projection (padded rows), the Mamba-2 in_proj

@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 
 import jaxarena
-from jaxarena import _presets
-from jaxarena._config import ConfigError, ModelConfig
-from jaxarena._presets import load_preset, presets
+from jaxarena import ConfigError, ModelConfig, presets
+from jaxarena._config import hf_source
+
+load_preset = ModelConfig.preset
 
 PRESET_DIR = Path(jaxarena.__file__).parent / "presets"
 SHARED_MODELS = Path(__file__).resolve().parents[1].parent / "shared" / "models"
@@ -517,7 +518,7 @@ def test_presets_pick_up_any_json_in_the_folder(tmp_path, monkeypatch):
     )
     (tmp_path / "broken.json").write_text("{not json")
     (tmp_path / "notes.txt").write_text("ignored")
-    monkeypatch.setattr(_presets, "_folder", lambda: tmp_path)
+    monkeypatch.setattr(hf_source, "_folder", lambda: tmp_path)
     assert presets() == ("broken", "tiny-hybrid")
     cfg = load_preset("tiny-hybrid")
     assert cfg.layer_types == ("mamba", "full_attention", "mlp")

@@ -1,13 +1,22 @@
-"""The split-K decode-attention policy: how many key splits a decode step uses, and so how many
-`[o[head_dim], m, l]` workspace slots the arena must hold (spec §7).
+"""The kernel workspace contract: the one source of every kernel workspace's geometry.
 
-The sizing and the split-K kernel both call these functions, so the slots used can never
-exceed the slots sized.
+The sizing (`BufferSizes.from_config`), the kernels' arena forms and the models all read these
+functions, so the bytes a kernel uses can never exceed the bytes sized.
+
+- Split-K decode attention (spec §7): the policy, how many key splits a decode step uses, how
+  many `[o[head_dim], m, l]` f32 slots the arena holds, and the bytes of one slot.
+- Mamba-2 SSD chunked scan: the f32 scratch sections `dt`, `dA_cumsum` and `CB`.
+- FP8 block-scaled activations: rows (`ceil16(M)`), scale columns and region bytes. The seed
+  sizes the dense-FFN k-major scales with `floor(K / 128)` columns (spec §13); the kernel
+  writes `ceil(K / 128)`; `fp8_scale_cols` names both roundings.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, Literal
+
+from jaxarena._units import ceil16, ceil_div
 
 __all__ = [
     "SplitKPolicy",
@@ -19,6 +28,16 @@ __all__ = [
     "workspace_slots",
     "SPLITK_TARGET_WAVES",
     "MAX_DECODE_SPLITS",
+    "splitk_policy",
+    "splitk_slot_bytes",
+    "SPLITK_ATTN_REGIONS",
+    "SSD_CHUNK",
+    "ssd_scratch_layout",
+    "FP8_BLOCK",
+    "FP8_ACT_REGIONS",
+    "fp8_rows",
+    "fp8_scale_cols",
+    "fp8_act_bytes",
 ]
 
 SPLITK_TARGET_WAVES = 2
@@ -134,3 +153,82 @@ def workspace_slots(
         return max(sm_count, 1)
     splits = num_splits(policy, sm_count, num_q_heads, legacy_ref_seqs)
     return min(max(max_rows, 1) * max(num_q_heads, 1) * splits, _U32_MAX)
+
+
+def splitk_policy(levers: Any, target: Any) -> SplitKPolicy:
+    """The split-K policy in force: the lever's spelling when it parses, else the target's.
+
+    Args:
+      levers: a `jaxarena.Levers` (reads `attn_decode_splitk`).
+      target: a `jaxarena.Target` (reads `attn_decode_splitk`).
+    """
+    return resolve_policy(target.attn_decode_splitk, levers.attn_decode_splitk)
+
+
+def splitk_slot_bytes(head_dim: int) -> int:
+    """Bytes of one split-K workspace slot: `o[head_dim]`, `m` and `l`, all f32."""
+    return (head_dim + 2) * 4
+
+
+SPLITK_ATTN_REGIONS: tuple[str, str] = ("splitk_workspace", "attn_output")
+"""Arena regions the split-K decode-attention arena form uses: partials, output."""
+
+
+# -- Mamba-2 SSD chunked scan -------------------------------------------------------------------
+
+SSD_CHUNK = 64
+"""Chunk length of the SSD chunked scan the arena is sized for."""
+
+
+def ssd_scratch_layout(num_heads: int, n_groups: int, m: int) -> dict[str, tuple[int, int]]:
+    """Byte `(offset, nbytes)` of the three f32 sections of the Mamba-2 SSD scratch.
+
+    The chunked scan with chunk length 64 keeps `dt[H][nc][64]`, `dA_cumsum[H][nc][64]` and
+    `CB[nc][G][64][64]` here, with `nc = ceil(m / 64) + 1` (one spare chunk for a stream whose
+    start is not chunk-aligned).
+    """
+    nc = ceil_div(m, SSD_CHUNK) + 1
+    g = max(n_groups, 1)
+    dt = num_heads * nc * SSD_CHUNK * 4
+    cb = nc * g * SSD_CHUNK * SSD_CHUNK * 4
+    return {"dt": (0, dt), "dA_cumsum": (dt, dt), "CB": (2 * dt, cb)}
+
+
+# -- FP8 block-scaled activations ---------------------------------------------------------------
+
+FP8_BLOCK = 128
+"""Columns per f32 scale of the FP8 GEMMs' activations (1 x 128 blocks)."""
+
+FP8_ACT_REGIONS: tuple[str, str, str] = ("fp8_act", "fp8_act_scale", "fp8_act_scale_kmajor")
+"""Arena regions the FP8 activation quantizer writes: q, row-major scales, k-major scales."""
+
+
+def fp8_rows(m: int) -> int:
+    """Rows of every FP8 activation buffer: `ceil16(M)` (the FP8 GEMMs read the pad rows)."""
+    return ceil16(m)
+
+
+def fp8_scale_cols(k: int, block: int = FP8_BLOCK, *, rounding: Literal["ceil", "floor"] = "ceil"):
+    """Scale columns for `K` features in `block`-wide groups.
+
+    `"ceil"` is what the quantizer writes (a partial last block gets a scale); `"floor"` is the
+    seed's sizing of the dense-FFN `ffn_act_scale_kmajor` (spec §13), which only fits a `K`
+    that is a multiple of `block`.
+    """
+    if rounding == "ceil":
+        return ceil_div(k, block)
+    if rounding == "floor":
+        return k // block
+    raise ValueError(f"rounding={rounding!r} must be 'ceil' or 'floor'")
+
+
+def fp8_act_bytes(m: int, k: int, block: int = FP8_BLOCK) -> dict[str, int]:
+    """Bytes the quantizer writes for `x[M, K]`, keyed by `FP8_ACT_REGIONS`' roles.
+
+    Returns:
+      `{"q": rows * K, "scale": rows * ceil(K / block) * 4, "kmajor": same}` with
+      `rows = ceil16(M)`.
+    """
+    rows = fp8_rows(m)
+    scales = rows * fp8_scale_cols(k, block) * 4
+    return {"q": rows * k, "scale": scales, "kmajor": scales}

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _helpers.tolerances import tol
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -28,7 +29,6 @@ from pallas_kernels.splitk_decode_attention import (
     splitk_num_splits,
     splitk_slots_needed,
 )
-from tests.tolerances import tol
 
 HOPPER = Target.preset("hopper")
 GB10 = Target.preset("gb10")

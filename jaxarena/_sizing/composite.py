@@ -10,23 +10,20 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from jaxarena._config import ModelConfig
+from jaxarena._config.model import ModelConfig
+from jaxarena._units import ceil_div, round_up
+from jaxarena.workspaces import ssd_scratch_layout
 
 __all__ = [
     "DECODE_META_MIN_ROWS",
     "DECODE_META_MAX_ROWS",
     "VERIFY_ROW_CAP",
     "Q12_SIZING_STREAMS",
-    "SSD_CHUNK",
     "FLA_CHUNK",
     "DecodeMetaLayout",
-    "ceil_div",
-    "round_up",
-    "ceil16",
     "scratch_bytes",
     "q12_batched_scratch_bytes",
     "ssm_scratch_bytes",
-    "ssd_scratch_layout",
     "moe_fp8_scratch_bytes",
     "q2_dequant_scratch_bytes",
     "q2_act_q8_bytes",
@@ -38,26 +35,10 @@ DECODE_META_MIN_ROWS = 32
 DECODE_META_MAX_ROWS = 128
 VERIFY_ROW_CAP = 256
 Q12_SIZING_STREAMS = 8
-SSD_CHUNK = 64
 FLA_CHUNK = 64
 _FIXED_DECODE_META = 32768
 _SCRATCH_FLOOR = 64 * 1024
 _Q8_1_EXTRA = 1 << 20
-
-
-def ceil_div(a: int, b: int) -> int:
-    """Smallest integer >= a / b (a >= 0, b > 0)."""
-    return -(-a // b)
-
-
-def round_up(x: int, a: int) -> int:
-    """`x` rounded up to a multiple of `a`."""
-    return ceil_div(x, a) * a
-
-
-def ceil16(x: int) -> int:
-    """`x` rounded up to a multiple of 16: the row padding of the cuBLASLt FP8 arms."""
-    return round_up(x, 16)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,20 +134,6 @@ def scratch_bytes(
         Q12_SIZING_STREAMS, q12_chunk, top_k, config.mrope_interleaved, variant=q12_variant
     )
     return max(_SCRATCH_FLOOR, moe_scratch + prefill_meta, bt_meta, q12)
-
-
-def ssd_scratch_layout(num_heads: int, n_groups: int, m: int) -> dict[str, tuple[int, int]]:
-    """Byte `(offset, nbytes)` of the three f32 sections of the Mamba-2 SSD scratch.
-
-    The chunked scan with chunk length 64 keeps `dt[H][nc][64]`, `dA_cumsum[H][nc][64]` and
-    `CB[nc][G][64][64]` here, with `nc = ceil(m / 64) + 1` (one spare chunk for a stream whose
-    start is not chunk-aligned).
-    """
-    nc = ceil_div(m, SSD_CHUNK) + 1
-    g = max(n_groups, 1)
-    dt = num_heads * nc * SSD_CHUNK * 4
-    cb = nc * g * SSD_CHUNK * SSD_CHUNK * 4
-    return {"dt": (0, dt), "dA_cumsum": (dt, dt), "CB": (2 * dt, cb)}
 
 
 def ssm_scratch_bytes(config: ModelConfig, m: int) -> tuple[int, int]:

@@ -1,10 +1,47 @@
-"""Draws an arena plan as a memory map (matplotlib, an optional dependency)."""
+"""Reports on a plan: `packing_report` (the numbers `jaxarena plan --packed` prints) and a
+memory-map plot (matplotlib, an optional dependency)."""
 
 from __future__ import annotations
 
-from jaxarena._plan import ArenaPlan, format_bytes
+from typing import Any
 
-__all__ = ["plot_plan"]
+from jaxarena._arena.lifetimes import Lifetimes
+from jaxarena._arena.plan import ArenaPlan
+from jaxarena._units import format_bytes
+
+__all__ = ["packing_report", "plot_plan"]
+
+
+def packing_report(sizes: Any, lifetimes: Lifetimes, align_bytes: int = 256) -> dict[str, Any]:
+    """The numbers behind `jaxarena plan --packed`, as plain JSON-ready data.
+
+    Returns:
+      `{"sequential_bytes", "packed_bytes", "lower_bound_bytes", "peak", "regions"}`: the
+      totals of `ArenaPlan.sequential(sizes)` and `ArenaPlan.packed(sizes, lifetimes)`, the
+      lower bound (`lifetimes.lower_bound_bytes`), the peak as `[mode, step, label]`, and one
+      dict per region in the order of `sizes`: `name`, `offset_bytes`, `nbytes` and `live`,
+      a list of `[mode, start, end]` half-open step intervals (every step of every mode for a
+      buffer the lifetimes do not name).
+    """
+    seq = ArenaPlan.sequential(sizes, align_bytes=align_bytes)
+    plan = ArenaPlan.packed(sizes, lifetimes, align_bytes=align_bytes)
+    peak = lifetimes.peak(sizes, align_bytes=align_bytes)
+    return {
+        "sequential_bytes": seq.total_bytes,
+        "packed_bytes": plan.total_bytes,
+        "lower_bound_bytes": peak.bytes,
+        "peak": [peak.mode, peak.step, lifetimes.label(peak.mode, peak.step)],
+        "regions": [
+            {
+                "name": r.name,
+                "offset_bytes": r.offset_bytes,
+                "nbytes": r.nbytes,
+                "live": [list(iv) for iv in lifetimes.intervals(r.name)],
+            }
+            for r in plan.region_list
+        ],
+    }
+
 
 
 def plot_plan(plan: ArenaPlan, path: str, *, title: str = "arena", label_top: int = 12) -> None:

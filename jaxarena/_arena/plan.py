@@ -15,30 +15,31 @@ import dataclasses
 import functools
 import math
 import types
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
-from jaxarena import _events
+from jaxarena._arena import packing, record
+from jaxarena._arena.bytes import (
+    ROW_BYTES,
+    from_bytes,
+    load_bytes,
+    static_shape,
+    store_bytes,
+    to_bytes,
+    view_dtype,
+)
+from jaxarena._arena.lifetimes import Lifetimes
+from jaxarena._errors import ArenaError, GuardError
+from jaxarena._units import format_bytes
+from jaxarena._units import is_pow2 as _is_pow2
+from jaxarena._units import round_up as _round_up
+from jaxarena._units import size_items as _size_items
 
-__all__ = ["ArenaPlan", "Region", "ArenaError", "GuardError", "ROW_BYTES"]
-
-# Bytes per arena row. Regions need not start on a row (any power-of-two alignment works);
-# aligned regions take the fast paths, which never flatten a region to 1-D.
-ROW_BYTES = 256
-
-
-class ArenaError(ValueError):
-    """A plan is invalid, or a view/write does not fit the plan (raised at trace time)."""
-
-
-class GuardError(AssertionError):
-    """A guard band was overwritten: some kernel wrote past the end of its region."""
-
+__all__ = ["ArenaPlan", "Region"]
 
 @dataclasses.dataclass(frozen=True)
 class Region:
@@ -59,14 +60,6 @@ class Region:
 def _guard_pattern(n: int) -> np.ndarray:
     # Position-dependent so that a stray fill of any single byte value is caught.
     return ((np.arange(n, dtype=np.uint32) * 151 + 0x5A) & 0xFF).astype(np.uint8)
-
-
-def _is_pow2(x: int) -> bool:
-    return isinstance(x, int) and x > 0 and (x & (x - 1)) == 0
-
-
-def _round_up(x: int, a: int) -> int:
-    return -(-x // a) * a
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -277,7 +270,7 @@ class ArenaPlan:
         if self.guard_bytes:
             pattern = _guard_pattern(self.guard_bytes)
             for r in self.region_list:
-                arena = _store_bytes(arena, r.end_bytes, jnp.asarray(pattern))
+                arena = store_bytes(arena, r.end_bytes, jnp.asarray(pattern))
         return arena
 
     def _check_arena(self, arena: Any, what: str) -> None:
@@ -308,18 +301,18 @@ class ArenaPlan:
         """
         self._check_arena(arena, f"view({name!r})")
         region = self.region(name)
-        shape = _static_shape(shape, f"view({name!r})")
-        dtype = _dtype(dtype, f"view({name!r})")
+        shape = static_shape(shape, f"view({name!r})")
+        dtype = view_dtype(dtype, f"view({name!r})")
         nbytes = math.prod(shape) * dtype.itemsize
         if nbytes > region.nbytes:
             raise ArenaError(
                 f"view({name!r}, shape={shape}, dtype={dtype.name}) needs {nbytes} bytes but the "
                 f"region holds {region.nbytes}"
             )
-        _events.emit("view", name)
+        record.emit("view", name)
         if nbytes == 0:
             return jnp.zeros(shape, dtype)
-        return _from_bytes(_load_bytes(arena, region.offset_bytes, nbytes), shape, dtype)
+        return from_bytes(load_bytes(arena, region.offset_bytes, nbytes), shape, dtype)
 
     def write(self, arena: jax.Array, name: str, value: Any) -> jax.Array:
         """Returns the arena with `value`'s bytes stored at the start of region `name`.
@@ -333,17 +326,17 @@ class ArenaPlan:
         self._check_arena(arena, f"write({name!r})")
         region = self.region(name)
         value = jnp.asarray(value)
-        dtype = _dtype(value.dtype, f"write({name!r})")
+        dtype = view_dtype(value.dtype, f"write({name!r})")
         nbytes = value.size * dtype.itemsize
         if nbytes > region.nbytes:
             raise ArenaError(
                 f"write({name!r}) of {dtype.name}{list(value.shape)} needs {nbytes} bytes but "
                 f"the region holds {region.nbytes}"
             )
-        _events.emit("write", name)
+        record.emit("write", name)
         if nbytes == 0:
             return arena
-        return _store_bytes(arena, region.offset_bytes, _to_bytes(value))
+        return store_bytes(arena, region.offset_bytes, to_bytes(value))
 
     # -- guards ---------------------------------------------------------------------------------
 
@@ -379,25 +372,25 @@ class ArenaPlan:
         self._check_arena(arena, "check_guards")
         pattern = jnp.asarray(_guard_pattern(self.guard_bytes))
         return jnp.stack(
-            [jnp.all(_load_bytes(arena, r.end_bytes, self.guard_bytes) == pattern)
+            [jnp.all(load_bytes(arena, r.end_bytes, self.guard_bytes) == pattern)
              for r in self.region_list]
         )  # fmt: skip
 
     # -- packing (issue 8) ------------------------------------------------------------------------
     # The lifetimes a packed plan was built for (None for other plans). Not part of equality or
     # hashing: the layout alone decides what a traced step does with the arena.
-    lifetimes: Any = dataclasses.field(default=None, compare=False, repr=False)
+    lifetimes: Lifetimes | None = dataclasses.field(default=None, compare=False, repr=False)
 
     @classmethod
     def packed(
-        cls, sizes: Any, lifetimes: Any, *, align_bytes: int = 256, guard_bytes: int = 0
+        cls, sizes: Any, lifetimes: Lifetimes, *, align_bytes: int = 256, guard_bytes: int = 0
     ) -> ArenaPlan:
         """Lets buffers that are never live at the same step share bytes.
 
         Two buffers get disjoint bytes iff their `lifetimes` intersect in some mode; buffers
         the lifetimes do not name are live always and share nothing. The layout is the best of
-        several greedy best-fit placements (see `jaxarena._packing`); it is never larger than
-        `ArenaPlan.sequential(sizes)` and never smaller than `lower_bound_bytes`. Every
+        several greedy best-fit placements (see `jaxarena._arena.packing`); it is never larger
+        than `ArenaPlan.sequential(sizes)` and never smaller than `lower_bound_bytes`. Every
         non-conflicting pair is listed in `may_alias`.
 
         Args:
@@ -413,11 +406,31 @@ class ArenaPlan:
           `validate`). Steps run on it exactly as on a sequential plan (views, writes,
           donation), as long as they respect the lifetimes.
         """
-        from jaxarena import _packing
-
-        return _packing.packed_plan(
-            cls, sizes, lifetimes, align_bytes=align_bytes, guard_bytes=guard_bytes
+        if not isinstance(lifetimes, Lifetimes):
+            raise ArenaError(
+                "lifetimes must be a Lifetimes (Lifetimes.standard(config), "
+                f"record_lifetimes(...)), got {type(lifetimes).__name__}"
+            )
+        if not _is_pow2(align_bytes):
+            raise ArenaError(f"align_bytes={align_bytes!r} must be a power of two")
+        if isinstance(guard_bytes, bool) or not isinstance(guard_bytes, int) or guard_bytes < 0:
+            raise ArenaError(f"guard_bytes={guard_bytes!r} must be an int >= 0")
+        items = [(n, b) for n, b in _size_items(sizes) if b]
+        offsets, end = packing.pack(
+            sizes, lifetimes, align_bytes=align_bytes, guard_bytes=guard_bytes
         )
+        regions = tuple(Region(n, offsets[n], b) for n, b in items)
+        # Rounded to the alignment too, so that total_bytes >= the lower bound (whose buffers each
+        # count rounded up to align_bytes) even for align_bytes > ROW_BYTES; like `sequential`.
+        total = _round_up(end, max(align_bytes, ROW_BYTES)) if regions else ROW_BYTES
+        names = [n for n, _ in items]
+        may_alias = frozenset(
+            frozenset((a, b))
+            for i, a in enumerate(names)
+            for b in names[i + 1 :]
+            if not lifetimes.conflicts(a, b)
+        )
+        return cls(regions, total, align_bytes, guard_bytes, may_alias, lifetimes=lifetimes)
 
     @property
     def lower_bound_bytes(self) -> int:
@@ -428,8 +441,6 @@ class ArenaPlan:
         region as live always, so its bound is the sum of its regions. For a sequential plan's
         bound under some lifetimes use `lifetimes.lower_bound_bytes(sizes, align_bytes=...)`.
         """
-        from jaxarena._lifetimes import Lifetimes
-
         lt = self.lifetimes if self.lifetimes is not None else Lifetimes({}, num_steps={"all": 1})
         sizes = {r.name: r.nbytes for r in self.region_list}
         return lt.lower_bound_bytes(
@@ -448,15 +459,12 @@ class ArenaPlan:
             shares bytes (with the shared bytes and the first common live steps), and with
             guard bands, each region covering another region's guard band.
         """
-        from jaxarena import _packing
-        from jaxarena._lifetimes import Lifetimes
-
         lt = lifetimes if lifetimes is not None else self.lifetimes
         if lt is None:
             lt = Lifetimes({}, num_steps={"all": 1})
         if not isinstance(lt, Lifetimes):
             raise ArenaError(f"lifetimes must be a Lifetimes, got {type(lt).__name__}")
-        problems = _packing.plan_violations(self, lt)
+        problems = packing.plan_violations(self.region_list, self.guard_bytes, lt)
         if problems:
             raise ArenaError(
                 f"plan violates its lifetimes ({len(problems)} problems):\n  - "
@@ -464,138 +472,3 @@ class ArenaPlan:
             )
 
 
-# -- byte plumbing ----------------------------------------------------------------------------
-
-
-def _size_items(sizes: Any) -> list[tuple[str, int]]:
-    if hasattr(sizes, "as_dict"):
-        sizes = sizes.as_dict()
-    if not isinstance(sizes, Mapping):
-        raise ArenaError(
-            f"sizes must be a BufferSizes or a {{name: nbytes}} mapping, got {type(sizes).__name__}"
-        )
-    items = []
-    bad = []
-    for name, nbytes in sizes.items():
-        if not isinstance(name, str) or not name:
-            bad.append(f"name {name!r} must be a non-empty str")
-        elif isinstance(nbytes, bool) or not isinstance(nbytes, int | np.integer) or nbytes < 0:
-            bad.append(f"{name}={nbytes!r} must be an int >= 0")
-        else:
-            items.append((name, int(nbytes)))
-    if bad:
-        raise ArenaError("invalid sizes:\n  - " + "\n  - ".join(bad))
-    return items
-
-
-def _static_shape(shape: Any, what: str) -> tuple[int, ...]:
-    if isinstance(shape, int | np.integer):
-        shape = (shape,)
-    try:
-        dims = tuple(shape)
-    except TypeError:
-        raise ArenaError(f"{what}: shape={shape!r} must be a tuple of ints") from None
-    for d in dims:
-        if isinstance(d, bool) or not isinstance(d, int | np.integer):
-            raise ArenaError(
-                f"{what}: shape={shape!r} must be static ints (got {type(d).__name__}); views "
-                "have static offsets and sizes"
-            )
-        if d < 0:
-            raise ArenaError(f"{what}: shape={shape!r} has a negative dimension")
-    return tuple(int(d) for d in dims)
-
-
-def _dtype(dtype: Any, what: str) -> np.dtype:
-    try:
-        dt = jnp.dtype(dtype)
-    except TypeError:
-        raise ArenaError(f"{what}: dtype={dtype!r} is not a JAX dtype") from None
-    if dt.itemsize == 0 or dt.name in ("int4", "uint4", "int2", "uint2", "float4_e2m1fn"):
-        raise NotImplementedError(f"{what}: sub-byte dtype {dt.name} views are not supported")
-    if dt.kind == "c":
-        raise NotImplementedError(f"{what}: complex dtype {dt.name} views are not supported")
-    return dt
-
-
-def _to_bytes(value: jax.Array) -> jax.Array:
-    """`value` as uint8, shape `value.shape + (itemsize,)` (or `value.shape` for 1-byte)."""
-    if value.dtype == jnp.bool_:
-        value = value.astype(jnp.uint8)
-    if value.dtype == jnp.uint8:
-        return value
-    return lax.bitcast_convert_type(value, jnp.uint8)
-
-
-def _from_bytes(raw: jax.Array, shape: tuple[int, ...], dtype: np.dtype) -> jax.Array:
-    """Inverse of `_to_bytes` for bytes of any shape holding exactly `prod(shape)` items."""
-    if dtype == jnp.bool_:
-        return raw.reshape(shape) != 0
-    if dtype.itemsize == 1:
-        out = raw if dtype == jnp.uint8 else lax.bitcast_convert_type(raw, dtype)
-        return out.reshape(shape)
-    if raw.ndim == 2 and raw.shape[1] % dtype.itemsize == 0:
-        # Row-aligned region: group bytes within rows, never flattening the region to 1-D.
-        grouped = raw.reshape(raw.shape[0], raw.shape[1] // dtype.itemsize, dtype.itemsize)
-    else:
-        grouped = raw.reshape(-1, dtype.itemsize)
-    return lax.bitcast_convert_type(grouped, dtype).reshape(shape)
-
-
-def _load_bytes(arena: jax.Array, offset: int, nbytes: int) -> jax.Array:
-    """`nbytes` bytes from byte `offset`: `(rows, ROW_BYTES)` when row-aligned, else 1-D."""
-    r0, lo = divmod(offset, ROW_BYTES)
-    r1 = -(-(offset + nbytes) // ROW_BYTES)
-    block = lax.slice(arena, (r0, 0), (r1, ROW_BYTES))
-    if lo == 0 and nbytes % ROW_BYTES == 0:
-        return block
-    return lax.slice(block.reshape(-1), (lo,), (lo + nbytes,))
-
-
-def _store_bytes(arena: jax.Array, offset: int, raw: jax.Array) -> jax.Array:
-    """Stores `raw` (uint8, any shape) at byte `offset`, leaving every other byte alone.
-
-    Whole rows go in with one `dynamic_update_slice`; a partial first or last row gets a
-    `(1, k)` update of its own. The arena is never read here: a read-modify-write of the
-    partial rows would give XLA a read of the old arena next to the in-place update, which it
-    resolves by copying the whole arena.
-    """
-    n = raw.size
-    r, lo = divmod(offset, ROW_BYTES)
-    zero = jnp.int32(0)
-    if lo == 0 and n % ROW_BYTES == 0:
-        return lax.dynamic_update_slice(arena, raw.reshape(n // ROW_BYTES, ROW_BYTES),
-                                        (jnp.int32(r), zero))  # fmt: skip
-    flat = raw.reshape(-1)
-    pos = 0
-    if lo:
-        k = min(ROW_BYTES - lo, n)
-        arena = lax.dynamic_update_slice(
-            arena, flat[:k].reshape(1, k), (jnp.int32(r), jnp.int32(lo))
-        )
-        pos, r = k, r + 1
-    full = (n - pos) // ROW_BYTES
-    if full:
-        body = flat[pos : pos + full * ROW_BYTES].reshape(full, ROW_BYTES)
-        arena = lax.dynamic_update_slice(arena, body, (jnp.int32(r), zero))
-        pos, r = pos + full * ROW_BYTES, r + full
-    if pos < n:
-        arena = lax.dynamic_update_slice(
-            arena, flat[pos:].reshape(1, n - pos), (jnp.int32(r), zero)
-        )
-    return arena
-
-
-def format_bytes(n: int) -> str:
-    """`n` bytes in binary units: `'3.58 GiB'`, `'256 B'`."""
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{int(value)} {unit}" if unit == "B" else f"{value:.2f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
-
-
-def regions_from(items: Iterable[tuple[str, int, int]]) -> tuple[Region, ...]:
-    """Regions from `(name, offset_bytes, nbytes)` triples (for plans built by hand)."""
-    return tuple(Region(n, o, b) for n, o, b in items)

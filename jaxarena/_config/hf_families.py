@@ -36,17 +36,15 @@ must be JSON integers (not floats, not booleans) and non-negative. Every problem
 
 from __future__ import annotations
 
-import json
 import numbers
-import os
-import re
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
-from jaxarena._config import _INT_DEFAULTS, LAYER_TYPES, ConfigError, ModelConfig
+from jaxarena._config.hf_json import Obj, show
+from jaxarena._config.schema import INT_DEFAULTS
+from jaxarena._errors import ConfigError
 
-__all__ = ["load", "parse", "parse_json_text"]
+__all__ = ["parse", "DICT_SOURCE"]
 
 DICT_SOURCE = "<dict>"
 
@@ -54,267 +52,35 @@ DICT_SOURCE = "<dict>"
 # `num_hidden_layers` from materialising a layer list of 10**18 entries.
 _MAX_LAYERS = 1 << 16
 
-# `owner/name` as the hub spells repo ids. A bare `name` (legacy ids such as "gpt2") is not
-# accepted: a single word is far more often a mistyped local file name.
-_REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
+# -- parsing ------------------------------------------------------------------------------------
 
 
-# -- sources -------------------------------------------------------------------------------------
-
-
-def load(source: Any, *, revision: str | None = None) -> ModelConfig:
-    """Reads a HuggingFace model config into a `ModelConfig`.
-
-    Args:
-      source: a path (str or `os.PathLike`) to a `config.json`, a directory holding one, an
-        already-loaded mapping (the parsed JSON object), or a hub repo id `"owner/name"`; a repo
-        id needs the optional `huggingface_hub` package (`pip install huggingface_hub`).
-      revision: hub branch, tag or commit; only for repo ids.
-
-    Returns:
-      The config as the architecture really is (see the module docstring for every family),
-      with `model_type` set and `source` set to the file path, `"<dict>"` for a mapping, or
-      `"hf://owner/name[@revision]/config.json"` for a hub id.
-
-    Raises:
-      ConfigError: the source does not exist or cannot be read, the JSON is invalid, a key is
-        missing, mistyped or negative, or the config describes an inconsistent model. The
-        message names the JSON key and the file.
-    """
-    if revision is not None and not isinstance(revision, str):
-        raise ConfigError(
-            f"revision={revision!r} must be a string (a hub branch, tag or commit) or None"
-        )
-    if isinstance(source, Mapping):
-        _local_revision(revision, DICT_SOURCE)
-        return parse(source, source=DICT_SOURCE)
-    if not isinstance(source, (str, os.PathLike)):
-        raise ConfigError(
-            f"source={_show(source)} must be a path to a config.json, a directory holding one, "
-            f"a dict, or a hub repo id such as 'Qwen/Qwen3-8B'; got {type(source).__name__}"
-        )
-    if isinstance(source, str) and not source.strip():
-        raise ConfigError(
-            f"source={source!r} is empty; pass a config.json path, a directory or a dict"
-        )
-    try:
-        path = Path(source).expanduser()
-        text = str(source) if isinstance(source, str) else os.fspath(path)
-        is_dir, is_file = path.is_dir(), path.is_file()
-    except (TypeError, ValueError, OSError, RuntimeError) as e:
-        raise ConfigError(f"source={_show(source)} is not a usable path: {e}") from None
-    if is_dir:
-        _local_revision(revision, text)
-        config = path / "config.json"
-        if not config.is_file():
-            raise ConfigError(f"{path}: directory has no config.json")
-        return _parse_file(config, source=str(config))
-    if is_file:
-        _local_revision(revision, text)
-        return _parse_file(path, source=text)
-    if isinstance(source, str) and _looks_like_repo_id(source):
-        return _from_hub(source, revision)
-    raise ConfigError(
-        f"{text}: no such file or directory (source must be a config.json path, a directory "
-        f"holding one, a dict, or a hub repo id such as 'Qwen/Qwen3-8B')"
-    )
-
-
-def _looks_like_repo_id(text: str) -> bool:
-    return bool(_REPO_ID.fullmatch(text)) and not text.endswith(".json") and ".." not in text
-
-
-def _local_revision(revision: str | None, where: str) -> None:
-    if revision is not None:
-        raise ConfigError(
-            f"revision={revision!r} only applies to hub repo ids; {where} is local (drop "
-            f"revision, or check out that revision yourself)"
-        )
-
-
-def _from_hub(repo_id: str, revision: str | None) -> ModelConfig:
-    at = f"@{revision}" if revision else ""
-    name = f"hf://{repo_id}{at}/config.json"
-    try:
-        import huggingface_hub
-    except ImportError:
-        raise ConfigError(
-            f"{repo_id}: no such file or directory; read as a HuggingFace hub repo id it needs "
-            f"the optional huggingface_hub package: pip install huggingface_hub "
-            f"(or pip install 'jaxarena[hub]'), or pass a local config.json"
-        ) from None
-    try:
-        local = huggingface_hub.hf_hub_download(
-            repo_id=repo_id, filename="config.json", revision=revision
-        )
-    except Exception as e:  # the hub raises many types (network, auth, 404); all mean "no file"
-        raise ConfigError(
-            f"{name}: could not download config.json from the HuggingFace hub: "
-            f"{type(e).__name__}: {e}"
-        ) from e
-    return _parse_file(Path(local), source=name)
-
-
-def _parse_file(path: Path, *, source: str) -> ModelConfig:
-    try:
-        raw = path.read_bytes()
-    except OSError as e:
-        raise ConfigError(f"{source}: cannot read the file: {e.strerror or e}") from None
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        raise ConfigError(
-            f"{source}: not UTF-8 text ({e.reason} at byte {e.start}); a config.json is UTF-8 JSON"
-        ) from None
-    return parse_json_text(text, source=source)
-
-
-def parse_json_text(text: str, *, source: str) -> ModelConfig:
-    """Parses the text of a `config.json` (bare `Infinity`/`NaN` are accepted, as in Python).
-
-    Args:
-      text: the JSON text.
-      source: the file name used in error messages and stored as `ModelConfig.source`.
-
-    Raises:
-      ConfigError: invalid JSON, or anything `parse` refuses.
-    """
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError(
-            f"{source}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}"
-        ) from None
-    except (ValueError, RecursionError) as e:  # e.g. a 5000-digit integer, absurd nesting
-        raise ConfigError(f"{source}: invalid JSON: {e}") from None
-    return parse(data, source=source)
-
-
-def parse(data: Any, *, source: str = DICT_SOURCE) -> ModelConfig:
-    """Turns one parsed HuggingFace config object into a `ModelConfig`.
+def parse(data: Any, *, source: str = DICT_SOURCE) -> dict[str, Any]:
+    """Turns one parsed HuggingFace config object into `ModelConfig` fields.
 
     Args:
       data: the JSON object (a mapping) of a `config.json`.
       source: the file name used in error messages and stored as `ModelConfig.source`.
 
     Returns:
-      The validated `ModelConfig`, with `model_type` set to the routed model type.
+      `{field: value}` for `ModelConfig(**fields)`, with `model_type` set to the routed model
+      type and `source` to `source`; `ModelConfig` validates it.
 
     Raises:
       ConfigError: the top level is not an object, a key is missing, mistyped or negative, a
         layer type or pattern character is unknown, an unknown `model_type` has no
-        `hidden_size`, or `ModelConfig` refuses the result. Messages name the key and source.
+        `hidden_size`. Messages name the key and source.
     """
     if not isinstance(data, Mapping):
         raise ConfigError(
             f"{source}: the top level must be a JSON object (the config), got "
-            f"{type(data).__name__} {_show(data)}"
+            f"{type(data).__name__} {show(data)}"
         )
-    top = _Obj(data, "", source)
+    top = Obj(data, "", source)
     model_type = _route(top)
     arm = _ARMS.get(model_type, _generic)
     kw = arm(top, model_type)
-    return ModelConfig(**kw, model_type=model_type, source=source)
-
-
-# -- typed access to one JSON object ------------------------------------------------------------
-
-
-def _show(value: Any) -> str:
-    try:
-        text = repr(value)
-    except (ValueError, RecursionError):  # ints past the str-conversion limit, deep nesting
-        text = f"<{type(value).__name__}>"
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-class _Obj:
-    """One JSON object of the config (the top level or `text_config`) with typed getters.
-
-    Every getter raises `ConfigError` naming the full key (`text_config.head_dim`) and the file.
-    `null` reads as absent.
-    """
-
-    def __init__(self, data: Mapping, prefix: str, source: str) -> None:
-        self.data = data
-        self.prefix = prefix
-        self.source = source
-
-    def key(self, name: str) -> str:
-        return self.prefix + name
-
-    def error(self, name: str, rule: str) -> ConfigError:
-        return ConfigError(f"{self.source}: {self.key(name)}={_show(self.data.get(name))} {rule}")
-
-    def has(self, name: str) -> bool:
-        return self.data.get(name) is not None
-
-    def int(self, name: str, default: int = 0, *, maximum: int | None = None) -> int:
-        value = self.data.get(name)
-        if value is None:
-            return default
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-            raise self.error(name, f"must be a non-negative integer, got {type(value).__name__}")
-        value = int(value)
-        if value < 0:
-            raise self.error(name, "must be >= 0")
-        if maximum is not None and value > maximum:
-            raise self.error(name, f"is implausibly large (at most {maximum})")
-        return value
-
-    def required_int(self, name: str, why: str) -> int:
-        if not self.has(name):
-            state = "null" if name in self.data else "missing"
-            raise ConfigError(f"{self.source}: required key {self.key(name)} is {state} ({why})")
-        return self.int(name)
-
-    def bool(self, name: str, default: bool) -> bool:
-        value = self.data.get(name)
-        if value is None:
-            return default
-        if not isinstance(value, bool):
-            raise self.error(name, f"must be true or false, got {type(value).__name__}")
-        return value
-
-    def str(self, name: str) -> str | None:
-        value = self.data.get(name)
-        if value is not None and not isinstance(value, str):
-            raise self.error(name, f"must be a string, got {type(value).__name__}")
-        return value
-
-    def list(self, name: str) -> list | None:
-        value = self.data.get(name)
-        if value is not None and not isinstance(value, (list, tuple)):
-            raise self.error(name, f"must be a JSON list, got {type(value).__name__}")
-        return None if value is None else list(value)
-
-    def obj(self, name: str) -> _Obj | None:
-        value = self.data.get(name)
-        if value is None:
-            return None
-        if not isinstance(value, Mapping):
-            raise self.error(name, f"must be a JSON object, got {type(value).__name__}")
-        return _Obj(value, self.key(name) + ".", self.source)
-
-    def item_obj(self, name: str, index: int, value: Any) -> _Obj:
-        if not isinstance(value, Mapping):
-            raise ConfigError(
-                f"{self.source}: {self.key(name)}[{index}]={_show(value)} must be a JSON object, "
-                f"got {type(value).__name__}"
-            )
-        return _Obj(value, f"{self.key(name)}[{index}].", self.source)
-
-    def layer_types(self, name: str = "layer_types") -> tuple[str, ...]:
-        value = self.list(name)
-        if value is None:
-            return ()
-        for i, kind in enumerate(value):
-            if not isinstance(kind, str) or kind not in LAYER_TYPES:
-                raise ConfigError(
-                    f"{self.source}: {self.key(name)}[{i}]={_show(kind)} is not a known layer "
-                    f"type; known: {sorted(LAYER_TYPES)}"
-                )
-        return tuple(value)
+    return {**kw, "model_type": model_type, "source": source}
 
 
 # -- routing -------------------------------------------------------------------------------------
@@ -331,7 +97,7 @@ _ARCHITECTURES = {
 }
 
 
-def _route(top: _Obj) -> str:
+def _route(top: Obj) -> str:
     model_type = top.str("model_type")
     if model_type:
         return model_type
@@ -339,13 +105,13 @@ def _route(top: _Obj) -> str:
     first = architectures[0] if architectures else None
     if first is not None and not isinstance(first, str):
         raise ConfigError(
-            f"{top.source}: architectures[0]={_show(first)} must be a string, got "
+            f"{top.source}: architectures[0]={show(first)} must be a string, got "
             f"{type(first).__name__}"
         )
     return _ARCHITECTURES.get(first or "", "")
 
 
-def _text(top: _Obj) -> _Obj:
+def _text(top: Obj) -> Obj:
     """The object that holds the language-model fields: `text_config` when there is one."""
     text = top.obj("text_config")
     if text is None or (not text.has("hidden_size") and top.has("hidden_size")):
@@ -356,10 +122,10 @@ def _text(top: _Obj) -> _Obj:
 # -- shared rules --------------------------------------------------------------------------------
 
 
-def _by_name(obj: _Obj) -> dict[str, Any]:
+def _by_name(obj: Obj) -> dict[str, Any]:
     """Every `ModelConfig` field read under its own name (the seed's default arm)."""
     kw: dict[str, Any] = {"hidden_size": obj.required_int("hidden_size", "the model width")}
-    for name, default in _INT_DEFAULTS.items():
+    for name, default in INT_DEFAULTS.items():
         if name == "adapter_max_rank":  # a serving setting (LoRA), never a model property
             continue
         maximum = _MAX_LAYERS if name == "num_hidden_layers" else None
@@ -370,7 +136,7 @@ def _by_name(obj: _Obj) -> dict[str, Any]:
     return kw
 
 
-def _mrope_interleaved(obj: _Obj) -> bool:
+def _mrope_interleaved(obj: Obj) -> bool:
     # Newer transformers write `rope_parameters`, older ones `rope_scaling`; the first that
     # states the flag wins. A section without the flag is plain (non-interleaved) MRoPE.
     for name in ("rope_parameters", "rope_scaling"):
@@ -380,7 +146,7 @@ def _mrope_interleaved(obj: _Obj) -> bool:
     return False
 
 
-def _mla_head_dim(obj: _Obj) -> int:
+def _mla_head_dim(obj: Obj) -> int:
     """The MLA q/k head width: `qk_head_dim`, else `qk_nope_head_dim + qk_rope_head_dim`."""
     if obj.has("qk_head_dim"):
         return obj.int("qk_head_dim")
@@ -389,7 +155,7 @@ def _mla_head_dim(obj: _Obj) -> int:
     return 0
 
 
-def _attention_shape(kw: dict[str, Any], obj: _Obj) -> None:
+def _attention_shape(kw: dict[str, Any], obj: Obj) -> None:
     heads = kw["num_attention_heads"]
     if not obj.has("num_key_value_heads"):
         kw["num_key_value_heads"] = heads  # HF's rule: no key means multi-head attention
@@ -402,7 +168,7 @@ def _attention_shape(kw: dict[str, Any], obj: _Obj) -> None:
         kw["head_dim"] = kw["hidden_size"] // heads
 
 
-def _experts(kw: dict[str, Any], obj: _Obj) -> None:
+def _experts(kw: dict[str, Any], obj: Obj) -> None:
     if kw["num_experts"] == 0:
         for name in ("n_routed_experts", "num_local_experts"):
             if obj.has(name):
@@ -420,12 +186,12 @@ def _experts(kw: dict[str, Any], obj: _Obj) -> None:
         kw["shared_expert_intermediate_size"] = shared
 
 
-def _vocab(kw: dict[str, Any], top: _Obj, default: int = 0) -> None:
+def _vocab(kw: dict[str, Any], top: Obj, default: int = 0) -> None:
     if kw["vocab_size"] == 0:
         kw["vocab_size"] = top.int("vocab_size", default)
 
 
-def _periodic(obj: _Obj, n: int, key: str, period: int, hit: str, miss: str) -> tuple[str, ...]:
+def _periodic(obj: Obj, n: int, key: str, period: int, hit: str, miss: str) -> tuple[str, ...]:
     """Layer `i` is `hit` when `(i + 1) % period == 0`, else `miss` (the HF hybrid rule)."""
     if period < 1:
         raise obj.error(key, "must be >= 1 (one layer in every `period` is the other kind)")
@@ -434,7 +200,7 @@ def _periodic(obj: _Obj, n: int, key: str, period: int, hit: str, miss: str) -> 
 
 # -- family arms ---------------------------------------------------------------------------------
 
-_Arm = Callable[[_Obj, str], dict[str, Any]]
+_Arm = Callable[[Obj, str], dict[str, Any]]
 
 # Families the generic arm reads correctly as they are (for the unknown-model_type message).
 _GENERIC_FAMILIES = (
@@ -454,7 +220,7 @@ _GENERIC_FAMILIES = (
 )
 
 
-def _generic(top: _Obj, model_type: str) -> dict[str, Any]:
+def _generic(top: Obj, model_type: str) -> dict[str, Any]:
     obj = _text(top)
     if not obj.has("hidden_size") and model_type not in _GENERIC_FAMILIES:
         raise ConfigError(
@@ -470,7 +236,7 @@ def _generic(top: _Obj, model_type: str) -> dict[str, Any]:
     return kw
 
 
-def _qwen3_next(top: _Obj, model_type: str) -> dict[str, Any]:
+def _qwen3_next(top: Obj, model_type: str) -> dict[str, Any]:
     kw = _generic(top, model_type)
     obj = _text(top)
     kw["attn_gated"] = True  # Qwen3-Next attention always has the sigmoid output gate
@@ -478,7 +244,7 @@ def _qwen3_next(top: _Obj, model_type: str) -> dict[str, Any]:
     return kw
 
 
-def _qwen3_5(top: _Obj, model_type: str) -> dict[str, Any]:
+def _qwen3_5(top: Obj, model_type: str) -> dict[str, Any]:
     kw = _generic(top, model_type)
     obj = _text(top)
     kw["attn_gated"] = obj.bool("attn_output_gate", True)
@@ -486,7 +252,7 @@ def _qwen3_5(top: _Obj, model_type: str) -> dict[str, Any]:
     return kw
 
 
-def _gdn_layers(kw: dict[str, Any], obj: _Obj) -> None:
+def _gdn_layers(kw: dict[str, Any], obj: Obj) -> None:
     # The HF class default interval is 4 for Qwen3-Next and Qwen3.5; a config that omits it
     # relies on that, not on the seed's 1.
     kw["full_attention_interval"] = obj.int("full_attention_interval", 4)
@@ -501,7 +267,7 @@ def _gdn_layers(kw: dict[str, Any], obj: _Obj) -> None:
         )
 
 
-def _qwen4_exp(top: _Obj, model_type: str) -> dict[str, Any]:
+def _qwen4_exp(top: Obj, model_type: str) -> dict[str, Any]:
     kw = _generic(top, model_type)
     obj = _text(top)
     hc = _all_or_none(obj, ("hc_count", "hc_lowrank"))
@@ -522,7 +288,7 @@ def _qwen4_exp(top: _Obj, model_type: str) -> dict[str, Any]:
     return kw
 
 
-def _all_or_none(obj: _Obj, names: tuple[str, ...]) -> tuple[int, ...] | None:
+def _all_or_none(obj: Obj, names: tuple[str, ...]) -> tuple[int, ...] | None:
     present = [n for n in names if obj.has(n)]
     if not present:
         return None
@@ -535,7 +301,7 @@ def _all_or_none(obj: _Obj, names: tuple[str, ...]) -> tuple[int, ...] | None:
     return tuple(obj.int(n) for n in names)
 
 
-def _deepseek_v4(top: _Obj, model_type: str) -> dict[str, Any]:
+def _deepseek_v4(top: Obj, model_type: str) -> dict[str, Any]:
     # Spec §14.2(d), in the seed's order.
     obj = _text(top)
     kw = _by_name(obj)
@@ -558,7 +324,7 @@ def _deepseek_v4(top: _Obj, model_type: str) -> dict[str, Any]:
     for i, ratio in enumerate(ratios):
         if isinstance(ratio, bool) or not isinstance(ratio, numbers.Integral) or ratio < 0:
             raise ConfigError(
-                f"{obj.source}: {obj.key('compress_ratios')}[{i}]={_show(ratio)} must be a "
+                f"{obj.source}: {obj.key('compress_ratios')}[{i}]={show(ratio)} must be a "
                 f"non-negative integer"
             )
     if 4 in ratios:  # layers compressed 4x run the sparse indexer
@@ -568,7 +334,7 @@ def _deepseek_v4(top: _Obj, model_type: str) -> dict[str, Any]:
     return kw
 
 
-def _longcat(top: _Obj, model_type: str) -> dict[str, Any]:
+def _longcat(top: Obj, model_type: str) -> dict[str, Any]:
     # Spec §14.2(h). A LongCat "layer" holds two attention (MLA) sublayers, so the attention
     # layer count is 2 * num_layers (transformers stores the same as num_hidden_layers).
     obj = _text(top)
@@ -592,7 +358,7 @@ def _longcat(top: _Obj, model_type: str) -> dict[str, Any]:
     return kw
 
 
-def _mamba2(top: _Obj, model_type: str) -> dict[str, Any]:
+def _mamba2(top: Obj, model_type: str) -> dict[str, Any]:
     # `num_heads`/`head_dim`/`state_size`/`n_groups` are the Mamba-2 mixer's; there is no
     # attention and no MLP. Absent keys take the HF Mamba2Config defaults.
     obj = _text(top)
@@ -610,7 +376,7 @@ def _mamba2(top: _Obj, model_type: str) -> dict[str, Any]:
     )
 
 
-def _mamba1(top: _Obj, model_type: str) -> dict[str, Any]:
+def _mamba1(top: Obj, model_type: str) -> dict[str, Any]:
     # Mamba-1 has no heads, so none of the Mamba-2 dims apply; its `intermediate_size` is the
     # mixer's inner width, not an MLP, so it is not copied.
     obj = _text(top)
@@ -627,7 +393,7 @@ _NEMOTRON_PATTERN = {"M": "mamba", "*": "full_attention", "-": "mlp", "E": "moe"
 _NEMOTRON_BLOCKS = {"mamba": "mamba", "attention": "full_attention", "mlp": "mlp", "moe": "moe"}
 
 
-def _nemotron_h(top: _Obj, model_type: str) -> dict[str, Any]:
+def _nemotron_h(top: Obj, model_type: str) -> dict[str, Any]:
     obj = _text(top)
     kw = _by_name(obj)
     _vocab(kw, top)
@@ -650,7 +416,7 @@ def _nemotron_h(top: _Obj, model_type: str) -> dict[str, Any]:
     return kw
 
 
-def _nemotron_blocks(obj: _Obj) -> tuple[list[str], dict[str, int]]:
+def _nemotron_blocks(obj: Obj) -> tuple[list[str], dict[str, int]]:
     """Layer kinds of `block_configs` and the largest positive per-MoE-block sizes."""
     blocks = obj.list("block_configs") or []
     if len(blocks) > _MAX_LAYERS:
@@ -673,7 +439,7 @@ def _nemotron_blocks(obj: _Obj) -> tuple[list[str], dict[str, int]]:
     return kinds, widest
 
 
-def _nemotron_layers(obj: _Obj, block_kinds: list[str]) -> tuple[tuple[str, ...], str]:
+def _nemotron_layers(obj: Obj, block_kinds: list[str]) -> tuple[tuple[str, ...], str]:
     """Layer types from `layers_block_type`, else `hybrid_override_pattern`, else blocks."""
     listed = obj.list("layers_block_type")
     if listed is not None:
@@ -686,7 +452,7 @@ def _nemotron_layers(obj: _Obj, block_kinds: list[str]) -> tuple[tuple[str, ...]
         for i, kind in enumerate(listed):
             if not isinstance(kind, str) or kind not in _NEMOTRON_BLOCKS:
                 raise ConfigError(
-                    f"{obj.source}: {key}[{i}]={_show(kind)} is not a known block; known: "
+                    f"{obj.source}: {key}[{i}]={show(kind)} is not a known block; known: "
                     f"{list(_NEMOTRON_BLOCKS)}"
                 )
             out.append(_NEMOTRON_BLOCKS[kind])
@@ -706,7 +472,7 @@ def _nemotron_layers(obj: _Obj, block_kinds: list[str]) -> tuple[tuple[str, ...]
     return tuple(block_kinds), obj.key("block_configs")
 
 
-def _jamba(top: _Obj, model_type: str) -> dict[str, Any]:
+def _jamba(top: Obj, model_type: str) -> dict[str, Any]:
     # Layer i runs attention when i % attn_layer_period == attn_layer_offset, else a Mamba-1
     # mixer (no heads: the Mamba-2 dims stay 0). Its FFN is MoE when i % expert_layer_period ==
     # expert_layer_offset; `layer_types` holds the mixer, so the MoE layers are not a layer
@@ -732,7 +498,7 @@ def _jamba(top: _Obj, model_type: str) -> dict[str, Any]:
     return kw
 
 
-def _period(obj: _Obj, period_key: str, period: int, offset_key: str, offset: int) -> tuple:
+def _period(obj: Obj, period_key: str, period: int, offset_key: str, offset: int) -> tuple:
     period = obj.int(period_key, period)
     offset = obj.int(offset_key, offset)
     if period < 1:
@@ -753,7 +519,7 @@ _GEMMA3_DEFAULTS = {
 }
 
 
-def _gemma(top: _Obj, model_type: str) -> dict[str, Any]:
+def _gemma(top: Obj, model_type: str) -> dict[str, Any]:
     obj = _text(top)
     kw = _by_name(obj)
     gemma3 = model_type in ("gemma3", "gemma3_text")

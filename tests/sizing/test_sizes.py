@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jaxarena import BufferSizes, ConfigError, Levers, ModelConfig, Target
-from jaxarena._splitk import SplitKPolicy, parse_policy, resolve_policy, workspace_slots
+from jaxarena.workspaces import SplitKPolicy, parse_policy, resolve_policy, workspace_slots
 
 # fmt: off
 # Spec §16.3 (SIZING_SPEC.md), computed by the spec's author with q12 variant B.
@@ -187,7 +187,8 @@ def test_repo_golden_values():
 
 def test_scratch_v5_worked_pieces():
     """Spec §16.3's worked pieces of V5's scratch, recomputed from first principles."""
-    from jaxarena import _layouts as L
+    from jaxarena import _units as U
+    from jaxarena._sizing import composite as L
 
     m, top_k = 3000, 6
     max_blocks = 10000 // 64 + 1
@@ -197,7 +198,7 @@ def test_scratch_v5_worked_pieces():
     bt_meta = 32768 + max(256 * 24 + 256 * 157 * 4, L.DecodeMetaLayout(48).meta_bytes(157))
     assert bt_meta == 199680
     chunk = 375
-    per_stream = L.round_up(L.round_up(chunk * 4 * 3, 8) + chunk * 8, 64)
+    per_stream = U.round_up(U.round_up(chunk * 4 * 3, 8) + chunk * 8, 64)
     assert per_stream == 7552
     q12 = 144000 + 8 * per_stream + (3 * 12000 + 24000 + 128 + 40 + 32) + 64
     assert sizes_for("V5").scratch == max(65536, prefill, bt_meta, q12) == q12 == 264680

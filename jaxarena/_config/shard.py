@@ -1,6 +1,6 @@
 """Per-device sizing under tensor parallelism (`tp`) and expert parallelism (`ep`).
 
-`shard_config(config, tp=..., ep=...)` is the `ModelConfig` ONE device sees when the model is
+`ModelConfig.shard(tp=..., ep=...)` (built from `shard_changes`) is the config ONE device sees when the model is
 split as Megatron-LM / vLLM split it for serving; `BufferSizes.from_config` of that config is
 then the per-device arena. The sizing formulas are not duplicated here: every byte still comes
 from `BufferSizes.from_config`, only the model dimensions it reads change.
@@ -60,22 +60,12 @@ are the documented ones above (KV-head and group replication, vocabulary padding
 
 from __future__ import annotations
 
-import dataclasses
 import math
+from typing import Any
 
-from jaxarena._config import ConfigError, ModelConfig
-from jaxarena._levers import Levers
-from jaxarena._plan import format_bytes
-from jaxarena._sizes import BufferSizes
-from jaxarena._target import Target
+from jaxarena._errors import ConfigError
 
-__all__ = [
-    "BufferScaling",
-    "experts_per_device",
-    "format_scaling_table",
-    "scaling_table",
-    "shard_config",
-]
+__all__ = ["experts_per_device", "shard_changes"]
 
 # Fields divided exactly by tp, with the reason a reader sees in the error message.
 _SPLIT_BY_TP: dict[str, str] = {
@@ -117,14 +107,12 @@ def _split_or_replicate(field: str, value: int, tp: int, problems: list[str]) ->
     return 1
 
 
-def shard_config(
-    config: ModelConfig, *, tp: int = 1, ep: int = 1, vocab_multiple: int = 1
-) -> ModelConfig:
-    """The `ModelConfig` one device holds under tensor parallelism `tp` and expert parallelism
-    `ep` (the split is documented field by field in this module's docstring).
-
-    `BufferSizes.from_config(shard_config(config, tp=tp, ep=ep), ...)` gives the per-device
-    buffer sizes, i.e. the arena each device of the mesh allocates.
+def shard_changes(
+    config: Any, *, tp: int = 1, ep: int = 1, vocab_multiple: int = 1
+) -> dict[str, Any]:
+    """The field changes that turn `config` into the config one device holds under tensor
+    parallelism `tp` and expert parallelism `ep` (the split is documented field by field in
+    this module's docstring). `ModelConfig.shard` applies them.
 
     Args:
       config: the whole model (what `ModelConfig.from_hf` or `ModelConfig.preset` returns).
@@ -135,17 +123,15 @@ def shard_config(
         it is split (Megatron's `make_vocab_size_divisible_by`, 128 there); 1 pads least.
 
     Returns:
-      A validated `ModelConfig` with the per-device dimensions. `num_experts` and
-      `num_experts_per_tok` stay global (the router scores every expert on every device); use
-      `experts_per_device` for the experts whose weights a device holds. `source` gets a
-      `[tp=.., ep=..]` suffix when the config has one.
+      `{field: per-device value}`. `num_experts` and `num_experts_per_tok` stay global (the
+      router scores every expert on every device); use `experts_per_device` for the experts
+      whose weights a device holds. `source` gets a `[tp=.., ep=..]` suffix when the config
+      has one.
 
     Raises:
       ConfigError: `tp`, `ep` or `vocab_multiple` is not a positive int, or a dimension does
         not split evenly; every problem is listed, each naming the field, its value and tp/ep.
     """
-    if not isinstance(config, ModelConfig):
-        raise TypeError(f"config must be a ModelConfig, got {type(config).__name__}")
     where = f" (config from {config.source})" if config.source else ""
     bad = [
         p
@@ -160,7 +146,7 @@ def shard_config(
         raise ConfigError("invalid parallelism:\n  - " + "\n  - ".join(bad))
 
     problems: list[str] = []
-    changes: dict[str, object] = {}
+    changes: dict[str, Any] = {}
     for field, why in _SPLIT_BY_TP.items():
         value = getattr(config, field)
         if value % tp:
@@ -200,110 +186,15 @@ def shard_config(
     changes["vocab_size"] = math.ceil(config.vocab_size / multiple) * multiple // tp
     if config.source:
         changes["source"] = f"{config.source} [tp={tp}, ep={ep}]"
-    return dataclasses.replace(config, **changes)
+    return changes
 
 
-def experts_per_device(config: ModelConfig, *, ep: int = 1) -> int:
+def experts_per_device(config: Any, *, ep: int = 1) -> int:
     """Routed experts whose weights one device holds: `num_experts / ep` (0 for dense models).
 
     Raises:
       ConfigError: `ep` is not a positive int, `ep > 1` on a dense model, or `ep` does not
         divide `num_experts`.
     """
-    shard_config(config, ep=ep)  # one place validates
+    shard_changes(config, ep=ep)  # one place validates
     return config.num_experts // ep
-
-
-@dataclasses.dataclass(frozen=True)
-class BufferScaling:
-    """One buffer's size for the whole model (tp=ep=1) and on one device.
-
-    Attributes:
-      name: the `BufferSizes` field.
-      global_bytes: size for the unsharded model.
-      device_bytes: size on one device of the tp/ep split.
-      tp: the tensor-parallel degree of `device_bytes`.
-    """
-
-    name: str
-    global_bytes: int
-    device_bytes: int
-    tp: int
-
-    @property
-    def ratio(self) -> float:
-        """`device_bytes / global_bytes` (1.0 when both are 0)."""
-        if self.global_bytes == 0:
-            return 1.0 if self.device_bytes == 0 else math.inf
-        return self.device_bytes / self.global_bytes
-
-    @property
-    def kind(self) -> str:
-        """How the buffer scales: `"absent"` (0 bytes both ways), `"replicated"` (unchanged),
-        `"1/tp"` (exactly `global / tp`) or `"partial"` (anything else: a max() of split and
-        unsplit terms, replicated KV heads, vocabulary padding, split-K slots, ...)."""
-        if self.global_bytes == 0 and self.device_bytes == 0:
-            return "absent"
-        if self.device_bytes == self.global_bytes:
-            return "replicated"
-        if self.device_bytes * self.tp == self.global_bytes:
-            return "1/tp"
-        return "partial"
-
-
-def scaling_table(
-    config: ModelConfig,
-    *,
-    tp: int = 1,
-    ep: int = 1,
-    max_batch_tokens: int,
-    max_seq_len: int,
-    kv_block_size: int,
-    max_batch_size: int,
-    levers: Levers | None = None,
-    target: Target | None = None,
-    vocab_multiple: int = 1,
-) -> tuple[BufferScaling, ...]:
-    """Buffer by buffer: the unsharded size, the per-device size under `tp`/`ep`, and so the
-    ratio, at the given serve limits.
-
-    Both columns come from `BufferSizes.from_config` (the global one of `config`, the device
-    one of `shard_config(config, tp=tp, ep=ep, vocab_multiple=vocab_multiple)`), with the same
-    `levers` and `target` (`None`: `Levers.from_env()` and `Target.detect()`, read once).
-
-    Returns:
-      One `BufferScaling` per `BufferSizes` field, in the seed's field order.
-
-    Raises:
-      ConfigError: as `shard_config` and `BufferSizes.from_config`.
-    """
-    levers = Levers.from_env() if levers is None else levers
-    target = Target.detect() if target is None else target
-    local = shard_config(config, tp=tp, ep=ep, vocab_multiple=vocab_multiple)
-    limits = (max_batch_tokens, max_seq_len, kv_block_size, max_batch_size)
-    full = BufferSizes.from_config(config, *limits, levers=levers, target=target).as_dict()
-    dev = BufferSizes.from_config(local, *limits, levers=levers, target=target).as_dict()
-    return tuple(BufferScaling(name, full[name], dev[name], tp) for name in full)
-
-
-def format_scaling_table(rows: tuple[BufferScaling, ...] | list[BufferScaling]) -> str:
-    """A readable table of `scaling_table`'s rows with a total line (absent buffers omitted)."""
-    table = [("buffer", "global", "per device", "ratio", "scales")]
-    for r in rows:
-        if r.kind == "absent":
-            continue
-        table.append(
-            (r.name, format_bytes(r.global_bytes), format_bytes(r.device_bytes),
-             f"{r.ratio:.3f}", r.kind)
-        )  # fmt: skip
-    g = sum(r.global_bytes for r in rows)
-    d = sum(r.device_bytes for r in rows)
-    table.append(("total", format_bytes(g), format_bytes(d), f"{d / g:.3f}" if g else "-", ""))
-    widths = [max(len(row[i]) for row in table) for i in range(5)]
-    lines = [
-        "  ".join(c.ljust(w) if i in (0, 4) else c.rjust(w) for i, (c, w) in
-                  enumerate(zip(row, widths, strict=True))).rstrip()
-        for row in table
-    ]  # fmt: skip
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)

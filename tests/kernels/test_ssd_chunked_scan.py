@@ -14,11 +14,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _helpers.arena import random_arena
+from _helpers.tolerances import tol
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxarena import ArenaPlan, BufferSizes, Levers, ModelConfig, Target, ssd_scratch_layout
+from jaxarena import ArenaPlan, BufferSizes, Levers, ModelConfig, Target
 from jaxarena.testing import assert_footprint
+from jaxarena.workspaces import ssd_scratch_layout
 from pallas_kernels.ssd_chunked_scan import (
     ssd_chunk_quantities,
     ssd_chunked_reference,
@@ -26,8 +29,6 @@ from pallas_kernels.ssd_chunked_scan import (
     ssd_chunked_scan_into,
     ssd_sequential_reference,
 )
-from tests.arena_helpers import random_arena
-from tests.tolerances import tol
 
 
 def _inputs(T, H, P, G, N, S=1, *, seed=0, dtype=jnp.float32):

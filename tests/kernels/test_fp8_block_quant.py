@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from _helpers.arena import random_arena
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -26,7 +27,6 @@ from pallas_kernels.fp8_block_quant import (
     fp8_block_quant_into,
     fp8_block_quant_reference,
 )
-from tests.arena_helpers import random_arena
 
 DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
 FORMATS = ("f32", "ue8m0")

@@ -1,0 +1,2 @@
+"""The arena: byte plumbing, lifetimes and their schedule, packing, recording, the plan and
+its reports."""
