@@ -1,6 +1,6 @@
-"""A child for the launcher's own tests (run by tests/test_launch.py), one behaviour per mode.
+"""A child for the launcher's own tests (run by tests/distributed/), one behaviour per mode.
 
-    python tests/multiprocess/launch_worker.py MODE OUT_DIR
+    python tests/distributed/workers/launch_worker.py MODE OUT_DIR
 
 Modes (every process writes `OUT_DIR/pid_p<id>` with its OS pid first):
   ok      prints two stdout lines and one stderr line, and the launch environment as JSON.

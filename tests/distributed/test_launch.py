@@ -1,7 +1,7 @@
 """The launcher for several JAX processes on one machine (`jaxarena.launch`): environment,
 prefixed output, exit statuses, timeouts, and that no child outlives a failed launch.
 
-The children are tests/multiprocess/launch_worker.py, one behaviour per mode; they write their
+The children are tests/distributed/workers/launch_worker.py, one behaviour per mode; they write their
 pids to a temporary folder so the tests can check that every one of them has ended.
 """
 
@@ -17,10 +17,10 @@ import time
 from pathlib import Path
 
 import pytest
+from _helpers.launch import GRACE_S, JAX_TIMEOUT_S, WORKERS
+from _helpers.launch import explain as _explain
 
 from jaxarena import launch as L
-from tests.multiprocess.helpers import GRACE_S, JAX_TIMEOUT_S, WORKERS
-from tests.multiprocess.helpers import explain as _explain
 
 PROCESSES, DEVICES = 2, 4
 
