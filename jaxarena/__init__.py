@@ -19,8 +19,10 @@ from jaxarena._config.levers import Levers
 from jaxarena._config.model import ModelConfig
 from jaxarena._config.target import Target
 from jaxarena._errors import ArenaError, ConfigError, GuardError
+from jaxarena._sizing.budget import MemoryBudget
 from jaxarena._sizing.buffers import BufferSizes, ServeLimits
 from jaxarena._sizing.scaling import scaling_table
+from jaxarena._units import parse_memory
 
 __all__ = [
     "ArenaError",
@@ -31,11 +33,13 @@ __all__ = [
     "Interval",
     "Levers",
     "Lifetimes",
+    "MemoryBudget",
     "ModelConfig",
     "Region",
     "ServeLimits",
     "Target",
     "packing_report",
+    "parse_memory",
     "presets",
     "record_lifetimes",
     "scaling_table",

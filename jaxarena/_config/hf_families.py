@@ -41,6 +41,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from jaxarena._config.hf_json import Obj, show
+from jaxarena._config.hf_weights import weight_fields
 from jaxarena._config.schema import INT_DEFAULTS
 from jaxarena._errors import ConfigError
 
@@ -80,6 +81,7 @@ def parse(data: Any, *, source: str = DICT_SOURCE) -> dict[str, Any]:
     model_type = _route(top)
     arm = _ARMS.get(model_type, _generic)
     kw = arm(top, model_type)
+    kw.update(weight_fields(top, _text(top), model_type, kw))
     return {**kw, "model_type": model_type, "source": source}
 
 

@@ -247,3 +247,37 @@ def _primes_from(start: int, count: int) -> list[int]:
             out.append(value)
         value += 1
     return out
+
+
+def weight_field_problems(config: Any) -> list[str]:
+    """What is wrong with the weight-only fields of `config` (`ModelConfig` validation)."""
+    problems = []
+    for name, default in WEIGHT_DEFAULTS.items():
+        value = getattr(config, name)
+        if isinstance(default, bool):
+            if not isinstance(value, bool):
+                problems.append(f"{name}={show(value)} must be a bool")
+        elif isinstance(default, int):
+            if isinstance(value, bool) or not isinstance(value, int):
+                problems.append(f"{name}={show(value)} must be a non-negative int")
+            elif value < 0:
+                problems.append(f"{name}={value} must be >= 0")
+        elif isinstance(value, list):
+            object.__setattr__(config, name, tuple(value))  # keep the config hashable
+    kinds = config.ffn_layer_types
+    if not isinstance(kinds, tuple) or any(
+        not isinstance(k, str) or k not in FFN_KINDS for k in kinds
+    ):
+        problems.append(
+            f"ffn_layer_types={show(kinds)} must be a tuple of {sorted(FFN_KINDS)} entries"
+        )
+    elif kinds and len(kinds) != config.num_hidden_layers:
+        problems.append(
+            f"len(ffn_layer_types)={len(kinds)} != num_hidden_layers={config.num_hidden_layers}"
+        )
+    widths = config.moe_layer_widths
+    if not isinstance(widths, tuple) or any(
+        isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in widths
+    ):
+        problems.append(f"moe_layer_widths={show(widths)} must be a tuple of positive ints")
+    return problems

@@ -12,6 +12,7 @@ import dataclasses
 from typing import Any
 
 from jaxarena._config import hf_source
+from jaxarena._config.hf_weights import weight_field_problems
 from jaxarena._config.schema import ATTENTION_KINDS, INT_DEFAULTS, LAYER_TYPES, SSM_KINDS
 from jaxarena._config.shard import shard_changes
 from jaxarena._errors import ConfigError, join_problems
@@ -81,6 +82,24 @@ class ModelConfig:
     index_topk: int = 0
     index_compress_ratio: int = 0
     adapter_max_rank: int = 0
+    # Weight-only fields (see `jaxarena._config.hf_weights`): the parameter count and the
+    # memory budget read them; the arena sizing does not.
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    v_head_dim: int = 0
+    sliding_window: int = 0
+    conv_kernel: int = 4
+    mamba_proj_bias: bool = False
+    mamba_conv_bias: bool = True
+    mamba1_d_inner: int = 0
+    mamba1_d_state: int = 0
+    mamba1_dt_rank: int = 0
+    num_mtp_layers: int = 0
+    ffn_layer_types: tuple[str, ...] = ()
+    moe_layer_widths: tuple[int, ...] = ()
+    vision_param_count: int = 0
+    other_param_count: int = 0
     model_type: str = dataclasses.field(default="", compare=False)
     source: str = dataclasses.field(default="", compare=False, repr=False)
 
@@ -106,6 +125,7 @@ class ModelConfig:
                 problems.append(
                     f"layer_types={self.layer_types!r} must be a tuple of layer-type strings"
                 )
+        problems += weight_field_problems(self)
         if problems:
             raise ConfigError(join_problems("invalid ModelConfig" + where, problems))
 

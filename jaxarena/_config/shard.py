@@ -19,6 +19,8 @@ The split, field by field (anything not listed is kept as is):
     linear_num_key_heads,            / tp (gated-delta-net heads)
     linear_num_value_heads
     mamba_num_heads                  / tp
+    mamba1_d_inner                   / tp (Mamba-1 channels, as vLLM's MambaMixer splits them)
+    moe_layer_widths                 each / tp when ep == 1, like moe_intermediate_size
     n_groups                         / tp; when fewer groups than devices, each device keeps
                                      ONE (replicated) group, which needs tp % n_groups == 0
                                      (vLLM's Mamba-2 mixer does the same)
@@ -75,6 +77,7 @@ _SPLIT_BY_TP: dict[str, str] = {
     "linear_num_key_heads": "gated-delta-net key heads are split over the devices",
     "linear_num_value_heads": "gated-delta-net value heads are split over the devices",
     "mamba_num_heads": "Mamba-2 heads are split over the devices",
+    "mamba1_d_inner": "Mamba-1's inner channels are split over the devices",
 }
 
 
@@ -177,6 +180,13 @@ def shard_changes(
         )
     else:
         changes["moe_intermediate_size"] = config.moe_intermediate_size // tp
+        uneven = [w for w in config.moe_layer_widths if w % tp]
+        if uneven:
+            problems.append(
+                f"moe_layer_widths {uneven} are not divisible by tp={tp} (with ep=1 every "
+                "expert is split column-/row-parallel; pass ep > 1 to keep experts whole)"
+            )
+        changes["moe_layer_widths"] = tuple(w // tp for w in config.moe_layer_widths)
 
     if problems:
         raise ConfigError(
