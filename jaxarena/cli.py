@@ -1,8 +1,10 @@
-"""The `jaxarena` command line: `plan`, `fit` and `demo`.
+"""The `jaxarena` command line: `plan`, `budget`, `fit` and `demo`.
 
 jaxarena plan qwen3-8b --max-batch-tokens 8192 --max-seq-len 32768
 jaxarena plan ./config.json --json
-jaxarena fit qwen3-32b --memory 24GiB
+jaxarena budget qwen3-30b-a3b --memory 141GB --tp 8 --ep 8 --weights fp8
+jaxarena fit qwen3-32b --memory 80GB --sequences 16
+jaxarena fit qwen3-32b --memory 24GiB --arena-only
 jaxarena demo
 """
 
@@ -23,9 +25,11 @@ from jaxarena import (
     ConfigError,
     Levers,
     Lifetimes,
+    MemoryBudget,
     ModelConfig,
     Target,
     packing_report,
+    parse_memory,
     presets,
 )
 from jaxarena._arena.report import plot_plan
@@ -40,29 +44,9 @@ DEFAULT_LIMITS = {
     "max_batch_size": 64,
 }
 
-_UNITS = {
-    "": 1, "b": 1,
-    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
-    "t": 1000**4, "tb": 1000**4,
-    "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
-}  # fmt: skip
-
 
 class CliError(Exception):
     """A user error: printed as one line, exit status 2."""
-
-
-def parse_memory(text: str) -> int:
-    """`'24GiB'`, `'24 GB'`, `'1.5TiB'` or a plain byte count, in bytes."""
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
-    if not match or match.group(2).lower() not in _UNITS:
-        raise CliError(
-            f"--memory {text!r} is not a size; write e.g. 24GiB, 80GB, 512MiB or a byte count"
-        )
-    value = float(match.group(1)) * _UNITS[match.group(2).lower()]
-    if value < 1:
-        raise CliError(f"--memory {text!r} must be at least one byte")
-    return int(value)
 
 
 def _load_model(spec: str | None):
@@ -156,8 +140,125 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _budget_for(args: argparse.Namespace, config, **changes) -> MemoryBudget:
+    """The `MemoryBudget` the `budget` and `fit` subcommands describe."""
+    kw = dict(
+        config=config,
+        memory_bytes=_memory(args.memory),
+        max_batch_tokens=getattr(args, "max_batch_tokens", DEFAULT_LIMITS["max_batch_tokens"]),
+        max_seq_len=args.max_seq_len,
+        kv_block_size=args.kv_block_size,
+        max_batch_size=args.max_batch_size,
+        tp=args.tp,
+        ep=args.ep,
+        weights=args.weights,
+        kv_dtype=args.kv_dtype,
+        arena="packed" if args.packed else "sequential",
+        reserve=None if args.reserve is None else _memory(args.reserve, "--reserve", zero=True),
+        levers=Levers.from_env(),
+        target=_target(args.target),
+        align_bytes=args.align,
+    )
+    kw.update(changes)
+    return MemoryBudget(**kw)
+
+
+def _memory(text: str, flag: str = "--memory", *, zero: bool = False) -> int:
+    if zero and text.strip() in ("0", "0B", "0b"):
+        return 0
+    try:
+        return parse_memory(text)
+    except ValueError as e:  # "memory '8XB' is not a size; ..." -> "--memory '8XB' is ..."
+        raise CliError(str(e).replace("memory", flag, 1)) from None
+
+
+def _budget_table(b: MemoryBudget, name: str) -> str:
+    rows = [
+        ("weights", b.weight_bytes, f"{b.param_count:,} parameters, {b.weights}"),
+        ("arena", b.arena_bytes, f"{b.arena} plan"),
+        ("reserve", b.reserve_bytes, "runtime + XLA temporaries"),
+        ("free for KV + state", b.free_bytes, ""),
+        ("KV per token", b.kv_bytes_per_token, f"{b.kv_dtype}, full-attention layers"),
+        ("state per sequence", b.state_bytes_per_sequence, "SSM / GDN / sliding-window"),
+        ("one sequence", b.sequence_bytes, f"{b.max_seq_len:,} tokens + state"),
+    ]
+    width = max(len(r[0]) for r in rows)
+    lines = [
+        f"{name} [{b.config.model_type or 'custom'}], per device of tp={b.tp} x ep={b.ep}, "
+        f"memory {format_bytes(b.memory_bytes)} ({b.memory_bytes:,} bytes)",
+        f"limits: max_batch_tokens={b.max_batch_tokens}, max_seq_len={b.max_seq_len}, "
+        f"kv_block_size={b.kv_block_size}, max_batch_size={b.max_batch_size}",
+    ]
+    for label, nbytes, note in rows:
+        shown = format_bytes(nbytes) if nbytes >= 0 else "-" + format_bytes(-nbytes)
+        lines.append(f"  {label.ljust(width)}  {nbytes:>20,}  {shown:>11}  {note}".rstrip())
+
+    def opt(v):
+        return "unbounded (no growing KV cache)" if v is None else f"{v:,}"
+
+    lines.append(f"max_kv_tokens {opt(b.max_kv_tokens)}, max_kv_blocks {opt(b.max_kv_blocks)}"
+                 f", max_sequences {b.max_sequences:,} (of {b.max_seq_len:,} tokens)")  # fmt: skip
+    if b.mtp_param_count:
+        lines.append(f"not loaded: {b.mtp_param_count:,} MTP parameters")
+    lines.append(b.message())
+    return "\n".join(lines)
+
+
+def cmd_budget(args: argparse.Namespace) -> int:
+    config = _load_model(args.model)
+    b = _budget_for(args, config)
+    name = args.model or DEFAULT_MODEL
+    if args.json:
+        print(json.dumps(b.as_dict(), indent=2))
+    else:
+        print(_budget_table(b, name))
+    if args.plot:
+        written = b.plot(args.plot, title=name)
+        print(f"budget plot written to {written}", file=sys.stderr)
+    return 0
+
+
 def cmd_fit(args: argparse.Namespace) -> int:
-    budget = parse_memory(args.memory)
+    if args.arena_only:
+        if args.max_batch_size is None:
+            args.max_batch_size = DEFAULT_LIMITS["max_batch_size"]
+        return _fit_arena_only(args)
+    config = _load_model(args.model)
+    n = args.sequences
+    if args.max_batch_size is None:
+        args.max_batch_size = max(DEFAULT_LIMITS["max_batch_size"], n)
+    elif args.max_batch_size < n:
+        raise CliError(
+            f"--sequences {n} exceeds --max-batch-size {args.max_batch_size}: the serve needs a "
+            f"slot per sequence (raise --max-batch-size or drop it)"
+        )
+    b = _budget_for(args, config, max_batch_tokens=1)
+    m = b.fit_max_batch_tokens(n)
+    if m is None:
+        advice = ", or ".join(b.alternatives()) if n == 1 else ""
+        raise CliError(
+            f"even max_batch_tokens=1 needs {format_bytes(b.required_bytes(n))} for {n} "
+            f"sequence(s) of {args.max_seq_len} tokens, more than --memory {args.memory} "
+            f"({format_bytes(b.memory_bytes)})" + (f"; would fit with: {advice}" if advice else "")
+        )
+    best = b.replace(max_batch_tokens=m)
+    if args.json:
+        out = {**best.as_dict(), "sequences": n, "required_bytes": best.required_bytes(n)}
+        print(json.dumps(out, indent=2))
+    else:
+        print(
+            f"largest max_batch_tokens with {n:,} sequence(s) of {args.max_seq_len:,} tokens "
+            f"within {format_bytes(best.memory_bytes)} per device: {m:,} (weights "
+            f"{format_bytes(best.weight_bytes)} + arena {format_bytes(best.arena_bytes)} + "
+            f"reserve {format_bytes(best.reserve_bytes)} + KV/state "
+            f"{format_bytes(n * best.sequence_bytes)} = {format_bytes(best.required_bytes(n))})"
+        )
+    return 0
+
+
+def _fit_arena_only(args: argparse.Namespace) -> int:
+    """Today's `fit` before issue 14: the largest max_batch_tokens whose ARENA alone fits."""
+    budget = _memory(args.memory)
     config = _config_for(args)
 
     def arena_bytes(m: int) -> int:
@@ -172,8 +273,9 @@ def cmd_fit(args: argparse.Namespace) -> int:
             f"--memory {args.memory}"
         )
     lo, hi = 1, 2
-    # Every size is monotone in max_batch_tokens (a tested property), so bisect.
-    while hi <= 1 << 24 and arena_bytes(hi) <= budget:
+    # Every size is monotone in max_batch_tokens (a tested property), so double without an
+    # upper bound (the arena grows with max_batch_tokens, so this ends), then bisect.
+    while arena_bytes(hi) <= budget:
         lo, hi = hi, hi * 2
     while hi - lo > 1:
         mid = (lo + hi) // 2
@@ -193,7 +295,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(steps=args.steps, batch=args.batch, seed=args.seed)
 
 
-def _add_limits(p: argparse.ArgumentParser, *, with_tokens: bool = True) -> None:
+def _add_limits(
+    p: argparse.ArgumentParser, *, with_tokens: bool = True, batch_default: int | None = 64
+) -> None:
     if with_tokens:
         p.add_argument("--max-batch-tokens", type=int, default=DEFAULT_LIMITS["max_batch_tokens"],
                        help="token rows of one forward pass (default %(default)s)")  # fmt: skip
@@ -201,8 +305,9 @@ def _add_limits(p: argparse.ArgumentParser, *, with_tokens: bool = True) -> None
                    help="longest sequence (default %(default)s)")  # fmt: skip
     p.add_argument("--kv-block-size", type=int, default=DEFAULT_LIMITS["kv_block_size"],
                    help="paged-KV block size in tokens, 0 = unpaged (default %(default)s)")  # fmt: skip
-    p.add_argument("--max-batch-size", type=int, default=DEFAULT_LIMITS["max_batch_size"],
-                   help="sequence slots (default %(default)s)")  # fmt: skip
+    p.add_argument("--max-batch-size", type=int, default=batch_default,
+                   help="sequence slots (default %(default)s)" if batch_default else
+                   "sequence slots (default: the larger of 64 and --sequences)")  # fmt: skip
     p.add_argument("--target", default="auto",
                    help="hardware target: gb10, hopper, b200, b300, ... or auto (default)")  # fmt: skip
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (per-device plan)")
@@ -211,6 +316,19 @@ def _add_limits(p: argparse.ArgumentParser, *, with_tokens: bool = True) -> None
     p.add_argument("--packed", action="store_true",
                    help="also pack buffers that are never live together")  # fmt: skip
     p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _add_budget_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--memory", required=True,
+                   help="memory of ONE device, e.g. 141GB (10^9), 24GiB (2^30), 80e9")  # fmt: skip
+    p.add_argument("--weights", choices=("bf16", "fp8"), default="bf16",
+                   help="weight format: bf16, or fp8 with 128x128 block scales (default bf16)")  # fmt: skip
+    p.add_argument("--kv-dtype", choices=("bf16", "fp8"), default="bf16",
+                   help="KV-cache element type (default bf16)")  # fmt: skip
+    p.add_argument("--state-dtype", choices=("f32", "bf16"), default="f32",
+                   help="SSM / gated-delta-net state type (default f32)")  # fmt: skip
+    p.add_argument("--reserve", default=None,
+                   help="memory left to the runtime and XLA, e.g. 4GiB (default 1 GiB + 5%%)")  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -225,10 +343,25 @@ def build_parser() -> argparse.ArgumentParser:
     _add_limits(p)
     p.add_argument("--plot", metavar="PNG", help="draw the arena as a memory map (matplotlib)")
     p.set_defaults(func=cmd_plan)
-    f = sub.add_parser("fit", help="the largest max_batch_tokens whose arena fits a budget")
+    b = sub.add_parser(
+        "budget", help="weights + arena + reserve + KV cache and states on each device"
+    )
+    b.add_argument("model", help="preset name, config.json path or directory")
+    _add_budget_options(b)
+    _add_limits(b)
+    b.add_argument("--plot", metavar="PNG", help="draw one stacked bar per device (matplotlib)")
+    b.set_defaults(func=cmd_budget)
+    f = sub.add_parser(
+        "fit",
+        help="the largest max_batch_tokens leaving room for --sequences full-length sequences",
+    )
     f.add_argument("model", help="preset name, config.json path or directory")
-    f.add_argument("--memory", required=True, help="budget, e.g. 24GiB")
-    _add_limits(f, with_tokens=False)
+    _add_budget_options(f)
+    f.add_argument("--sequences", type=int, default=1,
+                   help="concurrent sequences of --max-seq-len to keep room for (default 1)")  # fmt: skip
+    f.add_argument("--arena-only", action="store_true",
+                   help="the old meaning: the largest max_batch_tokens whose arena alone fits")  # fmt: skip
+    _add_limits(f, with_tokens=False, batch_default=None)
     f.set_defaults(func=cmd_fit)
     d = sub.add_parser("demo", help="run the reference hybrid model's decode loop on the arena")
     d.add_argument("--steps", type=int, default=32, help="decode steps (default %(default)s)")

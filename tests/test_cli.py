@@ -7,7 +7,8 @@ import struct
 
 import pytest
 
-from jaxarena import ArenaPlan, BufferSizes, Levers, ModelConfig, Target
+from jaxarena import ArenaPlan, BufferSizes, Levers, MemoryBudget, ModelConfig, Target
+from jaxarena._sizing.budget import BUDGET_KEYS
 from jaxarena.cli import main, parse_memory
 
 
@@ -117,7 +118,7 @@ def test_bad_config_file_is_one_clear_line(capsys, tmp_path):
 @pytest.mark.parametrize("packed", [False, True])
 def test_fit_finds_the_largest_batch_that_fits(capsys, packed):
     extra = ("--packed",) if packed else ()
-    code, out, _ = run(capsys, "fit", "qwen3-8b", "--memory", "3GiB", "--json",
+    code, out, _ = run(capsys, "fit", "qwen3-8b", "--memory", "3GiB", "--json", "--arena-only",
                        "--target", "gb10", *extra)  # fmt: skip
     assert code == 0
     got = json.loads(out)
@@ -163,3 +164,94 @@ def test_demo_runs_and_reports(capsys):
     assert code == 0
     assert "arena buffer moved in 0 of 3 steps" in out
     assert "traced 1x" in out and "guards broken: none" in out
+
+
+# -- budget and fit (issue 14) ------------------------------------------------------------------
+
+
+def _budget(name, memory, **kw):
+    return MemoryBudget(config=ModelConfig.preset(name), memory_bytes=memory,
+                        levers=Levers.from_env(), target=Target.preset("hopper"), **kw)  # fmt: skip
+
+
+def test_budget_json_has_exactly_the_budget_keys(capsys):
+    code, out, _ = run(capsys, "budget", "qwen3-30b-a3b", "--memory", "141GB", "--tp", "8",
+                       "--ep", "8", "--weights", "fp8", "--kv-dtype", "fp8", "--target",
+                       "hopper", "--json")  # fmt: skip
+    assert code == 0
+    got = json.loads(out)
+    expected = _budget("qwen3-30b-a3b", "141GB", tp=8, ep=8, weights="fp8", kv_dtype="fp8")
+    assert got == expected.as_dict()
+    assert tuple(got) == BUDGET_KEYS
+
+
+def test_budget_table_shows_every_part_and_the_answers(capsys):
+    code, out, _ = run(capsys, "budget", "llama3.1-8b", "--memory", "141GB", "--target", "hopper")
+    assert code == 0
+    b = _budget("llama3.1-8b", "141GB")
+    for label, value in (("weights", b.weight_bytes), ("arena", b.arena_bytes),
+                         ("reserve", b.reserve_bytes), ("free for KV + state", b.free_bytes),
+                         ("KV per token", b.kv_bytes_per_token)):  # fmt: skip
+        assert f"{value:,}" in out, label
+    assert f"max_sequences {b.max_sequences:,}" in out and "fits:" in out
+
+
+def test_budget_that_does_not_fit_says_what_would(capsys):
+    code, out, _ = run(capsys, "budget", "qwen3-next-80b-a3b", "--memory", "141GB",
+                       "--target", "hopper")  # fmt: skip
+    assert code == 0
+    assert "does not fit: short by" in out and "FP8 weights (--weights fp8)" in out
+    assert "tp=2" in out
+
+
+def test_budget_plot(capsys, tmp_path):
+    pytest.importorskip("matplotlib", reason="the plot is an optional extra: jaxarena[plot]")
+    path = tmp_path / "budget"  # no extension: .png is added and reported
+    code, _, err = run(capsys, "budget", "qwen3-8b", "--memory", "80GB", "--tp", "2",
+                       "--plot", str(path))  # fmt: skip
+    assert code == 0
+    written = tmp_path / "budget.png"
+    assert str(written) in err
+    assert written.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_fit_leaves_room_for_the_sequences(capsys):
+    code, out, _ = run(capsys, "fit", "qwen3-8b", "--memory", "40GB", "--sequences", "8",
+                       "--max-seq-len", "16384", "--target", "hopper", "--json")  # fmt: skip
+    assert code == 0
+    got = json.loads(out)
+    m = got["max_batch_tokens"]
+    b = _budget("qwen3-8b", "40GB", max_seq_len=16384, max_batch_size=64)
+    assert b.replace(max_batch_tokens=m).required_bytes(8) <= 40 * 10**9
+    assert b.replace(max_batch_tokens=m + 1).required_bytes(8) > 40 * 10**9
+    assert got["required_bytes"] == b.replace(max_batch_tokens=m).required_bytes(8)
+
+
+def test_fit_arena_only_is_unbounded(capsys):
+    # Issue 17 item 7: the arena-only search used to stop at 2**25 - 1.
+    code, out, _ = run(capsys, "fit", "tiny-hybrid", "--memory", "1000TiB", "--arena-only",
+                       "--json", "--target", "gb10")  # fmt: skip
+    assert code == 0
+    assert json.loads(out)["max_batch_tokens"] > 1 << 25
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (("budget", "qwen3-8b", "--memory", "lots"), "--memory 'lots' is not a size"),
+        (("budget", "qwen3-8b", "--memory", "0"), "must be positive"),
+        (("budget", "qwen3-8b", "--memory=-8GB"), "must be positive"),
+        (("budget", "qwen3-8b", "--memory", "1" + "0" * 400), "not a size"),
+        (("budget", "qwen3-8b", "--memory", "80GB", "--tp", "3"), "not divisible by tp=3"),
+        (("budget", "qwen3-8b", "--memory", "80GB", "--ep", "2"), "ep=2 needs a model"),
+        (("budget", "qwen3-8b", "--memory", "80GB", "--reserve", "x"), "--reserve 'x'"),
+        (("fit", "qwen3-32b", "--memory", "24GB"), "even max_batch_tokens=1 needs"),
+        (("fit", "qwen3-8b", "--memory", "80GB", "--sequences", "100", "--max-batch-size",
+          "10"), "--sequences 100 exceeds --max-batch-size 10"),
+    ],
+)  # fmt: skip
+def test_budget_and_fit_errors_are_one_line(capsys, argv, needle):
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and out == ""
+    assert err.startswith("jaxarena: error: ") and needle in err
+    assert err.count("\n") == 1 and "Traceback" not in err

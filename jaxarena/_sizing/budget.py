@@ -476,7 +476,6 @@ def plot_budget(b: MemoryBudget, path: str, *, title: str | None = None) -> str:
         fontsize=9,
     )
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
-    fig.tight_layout()
     fig.savefig(out, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return out
