@@ -255,3 +255,17 @@ def test_budget_and_fit_errors_are_one_line(capsys, argv, needle):
     assert code == 2 and out == ""
     assert err.startswith("jaxarena: error: ") and needle in err
     assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_budget_and_fit_work_on_every_preset(capsys):
+    from jaxarena import presets
+
+    for name in presets():
+        code, out, err = run(capsys, "budget", name, "--memory", "141GB", "--tp", "1",
+                             "--weights", "fp8", "--max-seq-len", "8192", "--json")  # fmt: skip
+        assert code == 0, (name, err)
+        assert tuple(json.loads(out)) == BUDGET_KEYS
+        code, out, err = run(capsys, "fit", name, "--memory", "2TB", "--sequences", "4",
+                             "--max-seq-len", "8192", "--json")  # fmt: skip
+        assert code == 0, (name, err)
+        assert json.loads(out)["max_batch_tokens"] >= 1

@@ -552,3 +552,69 @@ def test_every_preset_has_a_budget():
         assert b.weight_bytes > 0 and b.arena_bytes > 0
         assert b.kv_bytes_per_token + b.state_bytes_per_sequence > 0, name
         json.dumps(b.as_dict(), allow_nan=False)
+
+
+# -- the weight-only config fields ---------------------------------------------------------------
+
+
+def test_weight_field_defaults_match_the_dataclass():
+    import dataclasses
+
+    from jaxarena._config.hf_weights import WEIGHT_DEFAULTS
+
+    fields = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
+    assert {k: fields[k] for k in WEIGHT_DEFAULTS} == WEIGHT_DEFAULTS
+
+
+@pytest.mark.parametrize(
+    ("hf", "match"),
+    [
+        ({"tie_word_embeddings": "yes"}, "tie_word_embeddings='yes' must be true or false"),
+        ({"mlp_only_layers": ["a"]}, r"mlp_only_layers\[0\]='a' must be a layer index"),
+        ({"decoder_sparse_step": 0}, "decoder_sparse_step=0 must be >= 1"),
+        ({"sliding_window": -1}, "sliding_window=-1 must be >= 0"),
+        ({"v_head_dim": 1.5}, "v_head_dim=1.5 must be a non-negative integer"),
+    ],
+)
+def test_bad_weight_keys_are_config_errors(hf, match):
+    base = dict(model_type="qwen3_moe", hidden_size=64, num_hidden_layers=2, num_experts=4,
+                num_experts_per_tok=2, moe_intermediate_size=32, num_attention_heads=4)  # fmt: skip
+    with pytest.raises(ConfigError, match=match):
+        ModelConfig.from_hf({**base, **hf})
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"ffn_layer_types": ("dense", "big")}, "ffn_layer_types="),
+        ({"ffn_layer_types": ("dense",)}, r"len\(ffn_layer_types\)=1 != num_hidden_layers=2"),
+        ({"moe_layer_widths": (0,)}, "moe_layer_widths=.* must be a tuple of positive ints"),
+        ({"conv_kernel": -1}, "conv_kernel=-1 must be >= 0"),
+        ({"attention_bias": 1}, "attention_bias=1 must be a bool"),
+    ],
+)
+def test_bad_weight_fields_are_config_errors(kw, match):
+    with pytest.raises(ConfigError, match=match):
+        ModelConfig(hidden_size=64, num_hidden_layers=2, **kw)
+
+
+def test_shard_splits_mamba1_channels_and_per_block_widths():
+    jamba = ModelConfig.from_hf(
+        dict(model_type="jamba", hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, num_experts=4, mamba_expand=2,
+             attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
+             expert_layer_offset=1, vocab_size=300)
+    )  # fmt: skip
+    assert jamba.mamba1_d_inner == 128 and jamba.shard(tp=2).mamba1_d_inner == 64
+    in_proj = [t for t in W.weight_tensors(jamba, tp=2) if t.name == "mixer.in_proj.weight"]
+    assert in_proj[0].shape == (2 * 64, 64)
+    puzzle = ModelConfig.preset("nemotron-h-puzzle-latentmoe-fixture")
+    assert puzzle.moe_layer_widths == (1280, 2688)
+    assert puzzle.shard(tp=2).moe_layer_widths == (640, 1344)
+    assert puzzle.shard(tp=2, ep=2).moe_layer_widths == (1280, 2688)  # EP keeps experts whole
+    widths = ModelConfig(
+        hidden_size=64, num_hidden_layers=2, num_experts=4, moe_intermediate_size=64,
+        moe_layer_widths=(64, 48),
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match=r"moe_layer_widths \[48\] are not divisible by tp=32"):
+        widths.shard(tp=32)
