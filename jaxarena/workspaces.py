@@ -30,14 +30,17 @@ __all__ = [
     "MAX_DECODE_SPLITS",
     "splitk_policy",
     "splitk_slot_bytes",
+    "splitk_slots_needed",
     "SPLITK_ATTN_REGIONS",
     "SSD_CHUNK",
     "ssd_scratch_layout",
+    "ssd_chunk_slot_bytes",
     "FP8_BLOCK",
     "FP8_ACT_REGIONS",
     "fp8_rows",
     "fp8_scale_cols",
     "fp8_act_bytes",
+    "ffn_fp8_uses_seed_regions",
 ]
 
 SPLITK_TARGET_WAVES = 2
@@ -170,6 +173,14 @@ def splitk_slot_bytes(head_dim: int) -> int:
     return (head_dim + 2) * 4
 
 
+def splitk_slots_needed(batch_size: int, num_q_heads: int, num_splits: int) -> int:
+    """Workspace slots one call writes: `B * Hq * num_splits`, or 0 with a single split.
+
+    A single split writes its normalised output directly and needs no workspace.
+    """
+    return 0 if num_splits == 1 else batch_size * num_q_heads * num_splits
+
+
 SPLITK_ATTN_REGIONS: tuple[str, str] = ("splitk_workspace", "attn_output")
 """Arena regions the split-K decode-attention arena form uses: partials, output."""
 
@@ -192,6 +203,14 @@ def ssd_scratch_layout(num_heads: int, n_groups: int, m: int) -> dict[str, tuple
     dt = num_heads * nc * SSD_CHUNK * 4
     cb = nc * g * SSD_CHUNK * SSD_CHUNK * 4
     return {"dt": (0, dt), "dA_cumsum": (dt, dt), "CB": (2 * dt, cb)}
+
+
+
+def ssd_chunk_slot_bytes(num_heads: int, n_groups: int) -> int:
+    """Bytes of one chunk slot of the SSD scratch: `dt` and `dA_cumsum` (`H * 64` f32 each)
+    and `CB` (`G * 64 * 64` f32), with `G = max(n_groups, 1)`; a region of `nbytes` holds
+    `nbytes // ssd_chunk_slot_bytes(H, G)` slots."""
+    return (2 * num_heads * SSD_CHUNK + max(n_groups, 1) * SSD_CHUNK * SSD_CHUNK) * 4
 
 
 # -- FP8 block-scaled activations ---------------------------------------------------------------
@@ -232,3 +251,14 @@ def fp8_act_bytes(m: int, k: int, block: int = FP8_BLOCK) -> dict[str, int]:
     rows = fp8_rows(m)
     scales = rows * fp8_scale_cols(k, block) * 4
     return {"q": rows * k, "scale": scales, "kmajor": scales}
+
+
+def ffn_fp8_uses_seed_regions(k: int) -> bool:
+    """Whether an FFN projection with input width `K` may quantize into the seed's dense-FFN
+    FP8 regions (`ffn_act_a`, `ffn_act_scale`, `ffn_act_scale_kmajor`).
+
+    The seed sizes `ffn_act_scale_kmajor` with `floor(K / 128)` columns (spec §13) and the
+    quantizer writes `ceil(K / 128)`, so the regions hold a projection's scales only when `K`
+    is a multiple of 128. Otherwise the model keeps that projection's activations in bf16.
+    """
+    return k % FP8_BLOCK == 0

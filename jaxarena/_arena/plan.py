@@ -281,6 +281,51 @@ class ArenaPlan:
                 " (a different plan's arena, or a sharded global array outside shard_map?)"
             )
 
+    def check_fits(
+        self, *uses: tuple[Any, ...], arena: Any = None, what: str = "this call"
+    ) -> None:
+        """The one arena-side check of a kernel's arena form, made before anything is traced.
+
+        Args:
+          *uses: `(name, shape, dtype)` or `(name, shape, dtype, note)` per region the caller
+            views or writes: the array of `shape` and `dtype` must fit region `name`. `note`
+            (e.g. `"192 slots of [o[64], m, l]"`) is added to that region's message.
+          arena: when given, it must be this plan's arena (`uint8[arena_shape]`).
+          what: the caller, named at the head of the message.
+
+        Raises:
+          ArenaError: listing every problem at once: a region not in the plan, an array larger
+            than its region (what the region holds and what is needed), an arena that is not
+            this plan's.
+        """
+        problems = []
+        for use in uses:
+            name, shape, dtype, *note = use
+            region = self.regions.get(name)
+            dims = static_shape(shape, f"{what}: region {name!r}")
+            dt = view_dtype(dtype, f"{what}: region {name!r}")
+            nbytes = math.prod(dims) * dt.itemsize
+            extra = f" ({note[0]})" if note else ""
+            if region is None:
+                problems.append(f"region {name!r} is not in the plan (needs {nbytes} bytes{extra})")
+            elif nbytes > region.nbytes:
+                problems.append(
+                    f"region {name!r} holds {region.nbytes} bytes but {dt.name}{list(dims)} "
+                    f"needs {nbytes}{extra}"
+                )
+        if arena is not None:
+            shape, dtype = tuple(getattr(arena, "shape", ())), getattr(arena, "dtype", None)
+            if shape != self.arena_shape or dtype != jnp.uint8:
+                problems.append(
+                    f"arena must be the plan's uint8{list(self.arena_shape)} array, got "
+                    f"{dtype}{list(shape)}"
+                )
+        if problems:
+            raise ArenaError(
+                f"{what}: the arena cannot hold it:\n  - " + "\n  - ".join(problems)
+                + "\nsize the plan (BufferSizes.from_config) for these shapes"
+            )
+
     def view(self, arena: jax.Array, name: str, shape: Any, dtype: Any) -> jax.Array:
         """Reads the start of region `name` as a `dtype` array of `shape`.
 

@@ -54,11 +54,6 @@ class Target:
             raise ValueError(f"Target.sm_count={self.sm_count} must be >= 1")
 
     @classmethod
-    def presets(cls) -> tuple[str, ...]:
-        """Names accepted by `Target.preset`."""
-        return tuple(_PRESETS)
-
-    @classmethod
     def preset(cls, name: str) -> Target:
         """The seed's constants for target `name` (e.g. `"gb10"`, `"hopper"`, `"b200"`)."""
         key = name.strip().lower()

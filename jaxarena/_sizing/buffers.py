@@ -9,7 +9,7 @@ assertions and the kernels' workspaces all derive from these numbers.
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import Any, Literal
 
 from jaxarena import workspaces as W
 from jaxarena._config.levers import Levers
@@ -148,11 +148,12 @@ class BufferSizes:
     def from_config(
         cls,
         config: ModelConfig,
-        max_batch_tokens: int,
-        max_seq_len: int,
-        kv_block_size: int,
-        max_batch_size: int,
+        limits: ServeLimits | int | None = None,
+        max_seq_len: int | None = None,
+        kv_block_size: int | None = None,
+        max_batch_size: int | None = None,
         *,
+        max_batch_tokens: int | None = None,
         levers: Levers | None = None,
         target: Target | None = None,
         q12_variant: Literal["A", "B"] = "B",
@@ -161,10 +162,13 @@ class BufferSizes:
 
         Args:
           config: the model.
-          max_batch_tokens: token rows of one forward pass (`M`, >= 1).
-          max_seq_len: longest sequence (>= 1).
-          kv_block_size: paged-KV block size; 0 keeps the seed's meaning (256 table entries).
-          max_batch_size: sequence slots (>= 1).
+          limits: the serve limits, a `ServeLimits`. The loose form, four ints
+            `max_batch_tokens, max_seq_len, kv_block_size, max_batch_size` (positional or by
+            keyword), is also accepted and builds the same `ServeLimits`:
+            max_batch_tokens: token rows of one forward pass (`M`, >= 1);
+            max_seq_len: longest sequence (>= 1);
+            kv_block_size: paged-KV block size; 0 keeps the seed's meaning (256 entries);
+            max_batch_size: sequence slots (>= 1).
           levers: the environment switches; `None` reads them with `Levers.from_env()`.
           target: the hardware target; `None` means `Target.detect()`.
           q12_variant: which `sizes_q12` formula sizes the batched-prefill staging in
@@ -175,12 +179,9 @@ class BufferSizes:
         """
         if not isinstance(config, ModelConfig):
             raise TypeError(f"config must be a ModelConfig, got {type(config).__name__}")
-        ServeLimits(
-            max_batch_tokens=max_batch_tokens,
-            max_seq_len=max_seq_len,
-            kv_block_size=kv_block_size,
-            max_batch_size=max_batch_size,
-        )
+        limits = _limits(limits, max_batch_tokens, max_seq_len, kv_block_size, max_batch_size)
+        max_batch_tokens, max_seq_len = limits.max_batch_tokens, limits.max_seq_len
+        kv_block_size, max_batch_size = limits.kv_block_size, limits.max_batch_size
         levers = Levers.from_env() if levers is None else levers
         target = Target.detect() if target is None else target
         c = config
@@ -232,9 +233,9 @@ class BufferSizes:
         slots = W.workspace_slots(
             policy, target.sm_count, q_heads, rows, max(max_batch_size, 1)
         )
-        splitk_workspace = slots * (hd + 2) * _F32
+        splitk_workspace = slots * W.splitk_slot_bytes(hd)
 
-        fp8_act_scale = m_pad * ceil_div(max_proj_k, 128) * _F32
+        fp8_act = W.fp8_act_bytes(m, max_proj_k)
 
         if c.adapter_max_rank > 0:
             # The widest projection output a LoRA adapter can target.
@@ -256,7 +257,11 @@ class BufferSizes:
             ffn_act_q8 = L.q8_1_scratch_bytes(m, kmax)
             ffn_act_a = m_pad * kmax
             ffn_act_scale = m_pad * (kmax // 32) * _F32
-            ffn_act_scale_kmajor = m_pad * (kmax // 128) * _F32
+            # The seed's floor: a K that is not a multiple of 128 does not fit the quantizer's
+            # ceil(K / 128) columns, and models keep such FFN activations in bf16
+            # (`workspaces.ffn_fp8_uses_seed_regions`).
+            kmajor_cols = W.fp8_scale_cols(kmax, rounding="floor")
+            ffn_act_scale_kmajor = W.fp8_rows(m) * kmajor_cols * _F32
             # The fused gate+up decode GEMM's [ceil16(16), 2 * intermediate] output.
             ffn_gate_up_fused = ceil16(GATEUP_FUSED_MAX_M) * 2 * c.intermediate_size * _BF16
         else:
@@ -384,13 +389,13 @@ class BufferSizes:
             ffn_act_scale_kmajor=ffn_act_scale_kmajor,
             ffn_gate_up_fused=ffn_gate_up_fused,
             # FP8 prefill activations, 1 byte per element, [ceil16(M), max_proj_k].
-            fp8_act=m_pad * max_proj_k,
+            fp8_act=fp8_act["q"],
             moe_fp8_scratch=L.moe_fp8_scratch_bytes(c, m),
             # One f32 scale per 128 activations, and its [K/128, ceil16(M)] transpose; the
             # transpose is written while the row-major scales are still live, so they cannot
             # share a buffer.
-            fp8_act_scale=fp8_act_scale,
-            fp8_act_scale_kmajor=fp8_act_scale,
+            fp8_act_scale=fp8_act["scale"],
+            fp8_act_scale_kmajor=fp8_act["kmajor"],
             lora_xa=lora_xa,
             lora_delta=lora_delta,
             lora_hact=lora_hact,
@@ -399,3 +404,28 @@ class BufferSizes:
             q2_act_q8=L.q2_act_q8_bytes(c, m) if levers.gguf_native_q2_mmq else 0,
             ssm_rowwise_w_bf16=L.ssm_rowwise_w_bf16_bytes(c) if levers.fp8_rowwise else 0,
         )
+
+
+def _limits(limits: Any, m: Any, seq: Any, block: Any, batch: Any) -> ServeLimits:
+    """The `ServeLimits` of `from_config`'s two spellings (a `ServeLimits`, or four ints)."""
+    if isinstance(limits, ServeLimits):
+        extra = {k: v for k, v in (("max_batch_tokens", m), ("max_seq_len", seq),
+                                   ("kv_block_size", block), ("max_batch_size", batch))
+                 if v is not None}  # fmt: skip
+        if extra:
+            raise ConfigError(
+                f"limits is a ServeLimits; do not also pass {sorted(extra)} (put them in it)"
+            )
+        return limits
+    if limits is not None and m is not None:
+        raise ConfigError(f"max_batch_tokens given twice: {limits!r} and max_batch_tokens={m!r}")
+    m = limits if m is None else m
+    loose = {"max_batch_tokens": m, "max_seq_len": seq, "kv_block_size": block,
+             "max_batch_size": batch}  # fmt: skip
+    missing = [k for k, v in loose.items() if v is None]
+    if missing:
+        raise ConfigError(
+            f"serve limits missing: {missing}; pass limits=ServeLimits(...) or all four of "
+            "max_batch_tokens, max_seq_len, kv_block_size, max_batch_size"
+        )
+    return ServeLimits(**loose)

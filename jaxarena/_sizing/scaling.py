@@ -8,7 +8,7 @@ import math
 from jaxarena._config.levers import Levers
 from jaxarena._config.model import ModelConfig
 from jaxarena._config.target import Target
-from jaxarena._sizing.buffers import BufferSizes
+from jaxarena._sizing.buffers import BufferSizes, ServeLimits
 from jaxarena._units import format_bytes
 
 __all__ = ["BufferScaling", "format_scaling_table", "scaling_table"]
@@ -80,9 +80,10 @@ def scaling_table(
     levers = Levers.from_env() if levers is None else levers
     target = Target.detect() if target is None else target
     local = config.shard(tp=tp, ep=ep, vocab_multiple=vocab_multiple)
-    limits = (max_batch_tokens, max_seq_len, kv_block_size, max_batch_size)
-    full = BufferSizes.from_config(config, *limits, levers=levers, target=target).as_dict()
-    dev = BufferSizes.from_config(local, *limits, levers=levers, target=target).as_dict()
+    limits = ServeLimits(max_batch_tokens=max_batch_tokens, max_seq_len=max_seq_len,
+                         kv_block_size=kv_block_size, max_batch_size=max_batch_size)  # fmt: skip
+    full = BufferSizes.from_config(config, limits, levers=levers, target=target).as_dict()
+    dev = BufferSizes.from_config(local, limits, levers=levers, target=target).as_dict()
     return tuple(BufferScaling(name, full[name], dev[name], tp) for name in full)
 
 

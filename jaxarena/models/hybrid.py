@@ -51,7 +51,8 @@ F32 = jnp.float32
 CONV_KERNEL = 4
 RMS_EPS = 1e-5
 ROPE_THETA = 10000.0
-# The FFN down projection quantizes into the dense-FFN activation buffers.
+# The FFN down projection quantizes into the dense-FFN activation buffers (when its K, the
+# intermediate size, is a multiple of 128; see `workspaces.ffn_fp8_uses_seed_regions`).
 FFN_QUANT_REGIONS = ("ffn_act_a", "ffn_act_scale", "ffn_act_scale_kmajor")
 
 
@@ -234,8 +235,13 @@ class HybridModel:
         arena, up = self._fp8_matmul(arena, "norm_output", (t, c.hidden_size), p["w_up"],
                                      workspaces.FP8_ACT_REGIONS)  # fmt: skip
         arena = self._put(arena, "expert_up_out", jnp.square(jax.nn.relu(up)))
-        arena, down = self._fp8_matmul(arena, "expert_up_out", (t, c.intermediate_size),
-                                       p["w_down"], FFN_QUANT_REGIONS)  # fmt: skip
+        if workspaces.ffn_fp8_uses_seed_regions(c.intermediate_size):
+            arena, down = self._fp8_matmul(arena, "expert_up_out", (t, c.intermediate_size),
+                                           p["w_down"], FFN_QUANT_REGIONS)  # fmt: skip
+        else:
+            # The seed's floor(K / 128) k-major scales cannot hold this K's ceil(K / 128)
+            # columns: the down projection reads its bf16 input as stored.
+            down = self._get(arena, "expert_up_out", (t, c.intermediate_size)) @ p["w_down"]
         arena = self._put(arena, "moe_output", down)
         return arena, self._get(arena, "moe_output", (t, c.hidden_size))
 

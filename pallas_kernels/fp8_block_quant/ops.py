@@ -16,6 +16,8 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from jaxarena import workspaces
+from jaxarena.workspaces import FP8_ACT_REGIONS
 from pallas_kernels._args import resolve_interpret
 from pallas_kernels.fp8_block_quant.kernel import fp8_block_quant_kernel
 
@@ -29,24 +31,11 @@ __all__ = [
 SCALE_FORMATS: tuple[str, ...] = ("f32", "ue8m0")
 """Accepted `scale_format` values."""
 
-FP8_ACT_REGIONS: tuple[str, str, str] = ("fp8_act", "fp8_act_scale", "fp8_act_scale_kmajor")
-"""Arena regions `fp8_block_quant_into` writes: q, row-major scales, k-major scales."""
-
 _SUPPORTED_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 # Triton tiles must be powers of two; the widest tile we compile is this many elements, which
 # bounds the block width (a tile of one row) and sets the row tile (8192 / width, at most 64).
 _MAX_TILE_ELEMENTS = 8192
 _MAX_ROW_TILE = 64
-# The arena buffers hold ceil16(M) rows: the row count the FP8 GEMMs read.
-_ARENA_ROW_MULTIPLE = 16
-
-
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
 
 
 def _validate(
@@ -91,16 +80,13 @@ def _validate(
         raise NotImplementedError(
             f"x.dtype={dtype} is not supported; use bfloat16, float16 or float32"
         )
-    if _next_pow2(int(block_size)) > _MAX_TILE_ELEMENTS:
+    if pl.next_power_of_2(int(block_size)) > _MAX_TILE_ELEMENTS:
         raise NotImplementedError(
             f"{block_size=} is wider than the largest tile ({_MAX_TILE_ELEMENTS} columns)"
         )
     if plan is None:
         return
 
-    m, k = (int(d) for d in shape)
-    rows = _ceil_div(m, _ARENA_ROW_MULTIPLE) * _ARENA_ROW_MULTIPLE
-    num_blocks = _ceil_div(k, int(block_size))
     if (
         not isinstance(regions, tuple | list)
         or len(regions) != 3
@@ -109,40 +95,20 @@ def _validate(
         raise ValueError(
             f"regions must be three region names (q, scales, k-major scales), got {regions=!r}"
         )
-    q_name, scale_name, kmajor_name = regions
-    needed = {
-        q_name: rows * k,
-        scale_name: rows * num_blocks * 4,
-        kmajor_name: num_blocks * rows * 4,
-    }
-    plan_regions = getattr(plan, "regions", None)
-    if plan_regions is None:
+    if not callable(getattr(plan, "check_fits", None)):
         raise ValueError(f"plan must be a jaxarena.ArenaPlan, got {type(plan).__name__}")
-    problems = []
-    for name, nbytes in needed.items():
-        region = plan_regions.get(name) if hasattr(plan_regions, "get") else None
-        if region is None:
-            problems.append(f"region {name!r} is not in the plan")
-        elif nbytes > region.nbytes:
-            problems.append(
-                f"region {name!r} holds {region.nbytes} bytes but x.shape={(m, k)} with "
-                f"{block_size=} needs {nbytes} ({rows} rows = ceil16(M))"
-            )
-    if problems:
-        raise ValueError(
-            "the arena cannot hold the quantized activations:\n  - "
-            + "\n  - ".join(problems)
-            + "\nsize the plan for at least this many tokens and this K"
-        )
-    arena_shape = tuple(getattr(plan, "arena_shape", ()))
-    if (
-        tuple(getattr(arena, "shape", ())) != arena_shape
-        or jnp.dtype(getattr(arena, "dtype", None)) != jnp.uint8
-    ):
-        raise ValueError(
-            f"arena must be the plan's uint8 array of shape {arena_shape}, got "
-            f"shape={getattr(arena, 'shape', None)} dtype={getattr(arena, 'dtype', None)}"
-        )
+    m, k = (int(d) for d in shape)
+    rows = workspaces.fp8_rows(m)
+    num_blocks = workspaces.fp8_scale_cols(k, int(block_size))
+    q_name, scale_name, kmajor_name = regions
+    note = f"x.shape={(m, k)} with {block_size=}: {rows} rows = ceil16(M)"
+    plan.check_fits(
+        (q_name, (rows, k), jnp.uint8, note),
+        (scale_name, (rows, num_blocks), jnp.float32, note),
+        (kmajor_name, (num_blocks, rows), jnp.float32, note),
+        arena=arena,
+        what="fp8_block_quant_into",
+    )
 
 
 def _row_tile(m: int, block_width: int) -> int:
@@ -153,7 +119,7 @@ def _row_tile(m: int, block_width: int) -> int:
         if m % tile == 0:
             return tile
         tile //= 2
-    return min(cap, _next_pow2(m))
+    return min(cap, pl.next_power_of_2(m))
 
 
 @functools.partial(jax.jit, static_argnames=("num_rows", "block_size", "scale_format", "interpret"))
@@ -162,11 +128,11 @@ def _quantize(
 ) -> tuple[jax.Array, jax.Array]:
     """Returns `(q_bits uint8[num_rows, K], scales f32[num_rows, nb])`; rows >= M are zeros."""
     m, k = x.shape
-    num_blocks = _ceil_div(k, block_size)
+    num_blocks = pl.cdiv(k, block_size)
     # Triton tiles are powers of two: a block of 48 columns travels as 64 with 16 zero columns.
-    width = _next_pow2(block_size)
+    width = pl.next_power_of_2(block_size)
     tile = _row_tile(num_rows, width)
-    rows_padded = _ceil_div(num_rows, tile) * tile
+    rows_padded = pl.cdiv(num_rows, tile) * tile
     # Zero padding: zero rows quantize to zeros with the floor scale, zero columns leave each
     # block's max |x| unchanged.
     xp = jnp.pad(x, ((0, rows_padded - m), (0, num_blocks * block_size - k)))
@@ -242,7 +208,7 @@ def fp8_block_quant(
     if m == 0 or k == 0:
         return (
             jnp.zeros((m, k), jnp.float8_e4m3fn),
-            jnp.zeros((m, _ceil_div(k, block_size)), jnp.float32),
+            jnp.zeros((m, pl.cdiv(k, block_size)), jnp.float32),
         )
     q_bits, scales = _quantize(
         x,
@@ -306,7 +272,7 @@ def fp8_block_quant_into(
     )
     interpret = resolve_interpret(interpret)
     m, k = x.shape
-    rows = _ceil_div(m, _ARENA_ROW_MULTIPLE) * _ARENA_ROW_MULTIPLE
+    rows = workspaces.fp8_rows(m)
     if rows == 0 or k == 0:
         return arena
     q_bits, scales = _quantize(

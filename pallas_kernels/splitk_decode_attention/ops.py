@@ -35,7 +35,13 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from jaxarena import Levers, Target
-from jaxarena.workspaces import MAX_DECODE_SPLITS, splitk_policy
+from jaxarena.workspaces import (
+    MAX_DECODE_SPLITS,
+    SPLITK_ATTN_REGIONS,
+    splitk_policy,
+    splitk_slot_bytes,
+    splitk_slots_needed,
+)
 from jaxarena.workspaces import num_splits as _policy_num_splits
 from pallas_kernels._args import resolve_interpret
 from pallas_kernels.splitk_decode_attention.kernel import splitk_decode_attention_kernel
@@ -48,24 +54,16 @@ __all__ = [
     "splitk_slots_needed",
 ]
 
-SPLITK_ATTN_REGIONS: tuple[str, str] = ("splitk_workspace", "attn_output")
-"""Arena regions `splitk_decode_attention_into` writes: the partials and the output."""
-
 _SUPPORTED_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 # Triton's dot needs every dimension >= 16; narrower pages use multiply-and-sum instead.
 _MIN_DOT = 16
 # Query rows per program: a power of two; larger groups (MQA) get several head blocks.
 _MAX_BLOCK_H = 32
 _MAX_BLOCK_H_NO_DOT = 16
-_F32 = 4
 
 
 def _is_pow2(n: int) -> bool:
-    return n > 0 and n & (n - 1) == 0
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
+    return n > 0 and pl.next_power_of_2(n) == n
 
 
 def _is_int(v: Any) -> bool:
@@ -74,14 +72,6 @@ def _is_int(v: Any) -> bool:
 
 def _is_concrete(v: Any) -> bool:
     return not isinstance(v, jax.core.Tracer)
-
-
-def splitk_slots_needed(batch_size: int, num_q_heads: int, num_splits: int) -> int:
-    """Workspace slots one call writes: `B * Hq * num_splits`, or 0 with a single split.
-
-    A single split writes its normalised output directly and needs no workspace.
-    """
-    return 0 if num_splits == 1 else batch_size * num_q_heads * num_splits
 
 
 def splitk_num_splits(
@@ -270,45 +260,13 @@ def _validate(
     if plan is None:
         return splits
 
-    regions = getattr(plan, "regions", None)
-    if regions is None:
+    if not callable(getattr(plan, "check_fits", None)):
         raise ValueError(f"plan must be a jaxarena.ArenaPlan, got {type(plan).__name__}")
-    problems = []
-    out_bytes = B * Hq * D * q_dtype.itemsize
-    out_region = regions.get("attn_output")
-    if out_region is None:
-        problems.append("region 'attn_output' is not in the plan")
-    elif out_bytes > out_region.nbytes:
-        problems.append(
-            f"region 'attn_output' holds {out_region.nbytes} bytes but the output "
-            f"[{B}, {Hq * D}] {q_dtype} needs {out_bytes}"
-        )
+    uses = [(SPLITK_ATTN_REGIONS[1], (B, Hq * D), q_dtype, "the output")]
     if needed:
-        ws_region = regions.get("splitk_workspace")
-        if ws_region is None:
-            problems.append(
-                f"region 'splitk_workspace' is not in the plan, and num_splits={splits} needs "
-                f"{needed} slots"
-            )
-        else:
-            slots = ws_region.nbytes // ((D + 2) * _F32)
-            if needed > slots:
-                problems.append(
-                    f"region 'splitk_workspace' holds {slots} slots of {row} "
-                    f"({ws_region.nbytes} bytes) but B={B} x Hq={Hq} x num_splits={splits} "
-                    f"needs {needed}"
-                )
-    if problems:
-        raise ValueError("the arena cannot hold this decode step:\n  - " + "\n  - ".join(problems))
-    arena_shape = tuple(getattr(plan, "arena_shape", ()))
-    if (
-        tuple(getattr(arena, "shape", ())) != arena_shape
-        or jnp.dtype(getattr(arena, "dtype", None)) != jnp.uint8
-    ):
-        raise ValueError(
-            f"arena must be the plan's uint8 array of shape {arena_shape}, got "
-            f"shape={getattr(arena, 'shape', None)} dtype={getattr(arena, 'dtype', None)}"
-        )
+        note = f"B={B} x Hq={Hq} x num_splits={splits} = {needed} slots of {row}"
+        uses.append((SPLITK_ATTN_REGIONS[0], (needed, D + 2), jnp.float32, note))
+    plan.check_fits(*uses, arena=arena, what="splitk_decode_attention_into")
     return splits
 
 
@@ -349,9 +307,9 @@ def _decode(
     group = Hq // Hkv
     use_dot = block_size >= _MIN_DOT and D >= _MIN_DOT
     if use_dot:
-        block_h = min(max(_next_pow2(group), _MIN_DOT), _MAX_BLOCK_H)
+        block_h = min(max(pl.next_power_of_2(group), _MIN_DOT), _MAX_BLOCK_H)
     else:
-        block_h = min(_next_pow2(group), _MAX_BLOCK_H_NO_DOT)
+        block_h = min(pl.next_power_of_2(group), _MAX_BLOCK_H_NO_DOT)
     num_head_blocks = -(-group // block_h)
     write_partials = num_splits > 1
     kernel = functools.partial(
@@ -541,7 +499,7 @@ def splitk_decode_attention_into(
     scale = 1.0 / math.sqrt(D) if sm_scale is None else float(sm_scale)
     ws = None
     if splits > 1:
-        slots = plan.regions["splitk_workspace"].nbytes // ((D + 2) * _F32)
+        slots = plan.regions["splitk_workspace"].nbytes // splitk_slot_bytes(D)
         ws = plan.view(arena, "splitk_workspace", (slots, D + 2), jnp.float32)
     out, ws = _decode(
         q,

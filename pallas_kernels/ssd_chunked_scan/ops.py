@@ -33,7 +33,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from jaxarena.workspaces import SSD_CHUNK, ssd_scratch_layout
+from jaxarena.workspaces import SSD_CHUNK, ssd_chunk_slot_bytes, ssd_scratch_layout
 from pallas_kernels._args import resolve_interpret
 from pallas_kernels.ssd_chunked_scan.kernel import ssd_chunk_kernel, ssd_output_kernel
 
@@ -84,8 +84,7 @@ class _Dims:
 
 
 def _per_chunk_floats(num_heads: int, num_groups: int) -> int:
-    # `ssd_scratch_layout` is the one formula for these bytes; at m = 0 it holds one chunk.
-    return sum(n for _, n in ssd_scratch_layout(num_heads, num_groups, 0).values()) // 4
+    return ssd_chunk_slot_bytes(num_heads, num_groups) // 4
 
 
 def _shape_of(name: str, v: Any) -> tuple[int, ...]:

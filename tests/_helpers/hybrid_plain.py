@@ -82,7 +82,10 @@ class PlainHybrid:
 
     def _mlp(self, p, n):
         up = bf(np.maximum(fp8_quant_dequant(n) @ p["w_up"], 0.0) ** 2)
-        return bf(fp8_quant_dequant(up) @ p["w_down"])
+        # The seed sizes the FFN k-major scales with floor(K / 128) columns, so a K that is not
+        # a multiple of 128 stays bf16 (no FP8 round trip) for the down projection.
+        down_in = fp8_quant_dequant(up) if up.shape[-1] % 128 == 0 else up
+        return bf(down_in @ p["w_down"])
 
     def _mamba(self, p, n, st, i, b):
         c = self.c

@@ -397,7 +397,7 @@ def test_arena_form_writes_partials_and_output_only():
 def test_arena_form_refuses_small_regions():
     args = base_case()
     small_ws = _arena_plan(3 * 16 * 4 - 1, 3 * 16 * 64 * 4)
-    with pytest.raises(ValueError, match=r"'splitk_workspace' holds 191 slots.*needs 192"):
+    with pytest.raises(ValueError, match=r"'splitk_workspace' holds 50424 bytes but float32\[192, 66\] needs 50688 .*192 slots"):
         splitk_decode_attention_into(small_ws.allocate(), small_ws, *args, num_splits=4)
     small_out = ArenaPlan.sequential({"splitk_workspace": 4096 * 66 * 4, "attn_output": 1024})
     with pytest.raises(ValueError, match=r"'attn_output' holds 1024 bytes.*needs 12288"):

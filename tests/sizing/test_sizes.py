@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxarena import BufferSizes, ConfigError, Levers, ModelConfig, Target
+from jaxarena import BufferSizes, ConfigError, Levers, ModelConfig, ServeLimits, Target
 from jaxarena.workspaces import SplitKPolicy, parse_policy, resolve_policy, workspace_slots
 
 # fmt: off
@@ -495,3 +495,19 @@ def test_buffer_sizes_is_frozen_and_fields_are_the_seeds():
     with pytest.raises(dataclasses.FrozenInstanceError):
         s.logits = 0  # type: ignore[misc]
     assert len(s.as_dict()) == 46
+
+
+def test_from_config_takes_serve_limits_and_the_loose_ints_alike():
+    limits = ServeLimits(max_batch_tokens=300, max_seq_len=4096, kv_block_size=16,
+                         max_batch_size=8)  # fmt: skip
+    a = BufferSizes.from_config(P, limits, levers=NO_LEVERS, target=GB10)
+    b = BufferSizes.from_config(P, 300, 4096, 16, 8, levers=NO_LEVERS, target=GB10)
+    c = BufferSizes.from_config(P, max_batch_tokens=300, max_seq_len=4096, kv_block_size=16,
+                                max_batch_size=8, levers=NO_LEVERS, target=GB10)  # fmt: skip
+    assert a == b == c
+    with pytest.raises(ConfigError, match=r"do not also pass \['max_seq_len'\]"):
+        BufferSizes.from_config(P, limits, 4096, levers=NO_LEVERS, target=GB10)
+    with pytest.raises(ConfigError, match=r"serve limits missing: \['max_batch_size'\]"):
+        BufferSizes.from_config(P, 300, 4096, 16, levers=NO_LEVERS, target=GB10)
+    with pytest.raises(ConfigError, match="max_batch_tokens given twice"):
+        BufferSizes.from_config(P, 300, 4096, 16, 8, max_batch_tokens=3, target=GB10)
