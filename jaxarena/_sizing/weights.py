@@ -303,7 +303,7 @@ def _gdn(c: Any, n: int, out: list[WeightTensor]) -> None:
     conv = 2 * nk * dk + nv * dv
     k = c.conv_kernel
     s = "ssm"
-    if c.model_type in _GDN_SPLIT_FAMILIES or c.model_type in ("qwen4_exp", "qwen4_exp_text"):
+    if c.model_type in _GDN_SPLIT_FAMILIES or c.model_type in _HC_FAMILIES:
         out += [
             WeightTensor(s, "linear_attn.in_proj_qkv.weight", (conv, h), n, fp8=True),
             WeightTensor(s, "linear_attn.in_proj_z.weight", (nv * dv, h), n, fp8=True),
@@ -416,14 +416,15 @@ def _moe(c: Any, n: int, experts_here: int, out: list[WeightTensor]) -> None:
             WeightTensor("experts", "fc1_latent_proj.weight", (c.moe_latent_size, h), n, fp8=True),
             WeightTensor("experts", "fc2_latent_proj.weight", (h, c.moe_latent_size), n, fp8=True),
         ]
+        if c.mlp_bias:
+            out += [
+                WeightTensor("experts", "fc1_latent_proj.bias", (c.moe_latent_size,), n),
+                WeightTensor("experts", "fc2_latent_proj.bias", (h,), n),
+            ]
     shared = c.shared_expert_intermediate_size
     if shared:
         _dense_ffn(c, n, shared, out, prefix="shared_experts", part="shared_experts")
-        if (
-            mt in ("qwen2_moe", "qwen3_next")
-            or mt in _GDN_SPLIT_FAMILIES
-            or mt.startswith("qwen4_exp")
-        ):
+        if mt in ("qwen2_moe", "qwen3_next") or mt in _GDN_SPLIT_FAMILIES or mt in _HC_FAMILIES:
             out.append(WeightTensor("shared_experts", "mlp.shared_expert_gate.weight", (1, h), n))
 
 
