@@ -8,10 +8,13 @@ import pytest
 
 import jaxarena
 import jaxarena.testing
+import jaxarena.workspaces
 import pallas_kernels
 
 
-@pytest.mark.parametrize("module", [jaxarena, jaxarena.testing, pallas_kernels])
+@pytest.mark.parametrize(
+    "module", [jaxarena, jaxarena.testing, jaxarena.workspaces, pallas_kernels]
+)
 def test_every_public_name_has_a_docstring(module):
     missing = []
     for name in module.__all__:
@@ -28,7 +31,9 @@ def test_every_public_name_has_a_docstring(module):
     assert not missing, f"public names without a docstring: {missing}"
 
 
-@pytest.mark.parametrize("module", [jaxarena, jaxarena.testing, pallas_kernels])
+@pytest.mark.parametrize(
+    "module", [jaxarena, jaxarena.testing, jaxarena.workspaces, pallas_kernels]
+)
 def test_all_lists_only_existing_names(module):
     assert len(set(module.__all__)) == len(module.__all__)
     for name in module.__all__:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
+
 __all__ = ["Target"]
 
 # name -> (SM count, declared split-K policy). Targets that declare nothing take the baseline
@@ -69,8 +71,6 @@ class Target:
         CPUs and unrecognised accelerators map to the seed's baseline build, `gb10`.
         """
         if device is None:
-            import jax
-
             device = jax.devices()[0]
         if device.platform == "gpu" or device.platform in ("cuda", "rocm"):
             kind = str(getattr(device, "device_kind", "")).lower()

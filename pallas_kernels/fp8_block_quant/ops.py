@@ -12,13 +12,12 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from jaxarena import workspaces
 from jaxarena.workspaces import FP8_ACT_REGIONS
-from pallas_kernels._args import resolve_interpret
+from pallas_kernels._args import is_int, resolve_interpret
 from pallas_kernels.fp8_block_quant.kernel import fp8_block_quant_kernel
 
 __all__ = [
@@ -70,7 +69,7 @@ def _validate(
         raise ValueError(
             f"x must be a floating array (bfloat16, float16 or float32), got x.dtype={dtype}"
         )
-    if isinstance(block_size, bool) or not isinstance(block_size, int | np.integer):
+    if not is_int(block_size):
         raise ValueError(f"block_size must be an int, got {block_size=!r}")
     if block_size <= 0 or block_size % 16:
         raise ValueError(f"block_size must be a positive multiple of 16, got {block_size=}")

@@ -43,6 +43,9 @@ from jaxarena.workspaces import (
     splitk_slots_needed,
 )
 from jaxarena.workspaces import num_splits as _policy_num_splits
+from pallas_kernels._args import check_rank as _shape
+from pallas_kernels._args import is_concrete as _is_concrete
+from pallas_kernels._args import is_int as _is_int
 from pallas_kernels._args import resolve_interpret
 from pallas_kernels.splitk_decode_attention.kernel import splitk_decode_attention_kernel
 
@@ -66,14 +69,6 @@ def _is_pow2(n: int) -> bool:
     return n > 0 and pl.next_power_of_2(n) == n
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int | np.integer) and not isinstance(v, bool)
-
-
-def _is_concrete(v: Any) -> bool:
-    return not isinstance(v, jax.core.Tracer)
-
-
 def splitk_num_splits(
     batch_size: int,
     num_q_heads: int,
@@ -95,15 +90,6 @@ def splitk_num_splits(
     policy = splitk_policy(levers, target)
     n = _policy_num_splits(policy, target.sm_count, num_q_heads, legacy_ref_seqs=batch_size)
     return max(1, min(int(n), MAX_DECODE_SPLITS))
-
-
-def _shape(name: str, v: Any, ndim: int, layout: str) -> tuple[int, ...]:
-    shape = getattr(v, "shape", None)
-    if shape is None or getattr(v, "dtype", None) is None:
-        raise ValueError(f"{name} must be an array with .shape and .dtype, got {type(v).__name__}")
-    if len(shape) != ndim:
-        raise ValueError(f"{name} must be {ndim}-D {layout}, got {name}.shape={tuple(shape)}")
-    return tuple(int(d) for d in shape)
 
 
 def _validate(

@@ -34,6 +34,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from jaxarena.workspaces import SSD_CHUNK, ssd_chunk_slot_bytes, ssd_scratch_layout
+from pallas_kernels._args import array_shape as _shape_of
+from pallas_kernels._args import check_float as _check_float
 from pallas_kernels._args import resolve_interpret
 from pallas_kernels.ssd_chunked_scan.kernel import ssd_chunk_kernel, ssd_output_kernel
 
@@ -55,13 +57,9 @@ _X_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.floa
 _HI = jax.lax.Precision.HIGHEST
 
 
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def _tile(n: int) -> int:
     """Smallest power of two >= max(n, 16): Triton tiles are powers of two, `tl.dot` >= 16."""
-    return max(16, 1 << max(0, (n - 1).bit_length()))
+    return max(16, pl.next_power_of_2(n))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -85,17 +83,6 @@ class _Dims:
 
 def _per_chunk_floats(num_heads: int, num_groups: int) -> int:
     return ssd_chunk_slot_bytes(num_heads, num_groups) // 4
-
-
-def _shape_of(name: str, v: Any) -> tuple[int, ...]:
-    if not hasattr(v, "shape") or not hasattr(v, "dtype"):
-        raise ValueError(f"{name} must be an array with .shape and .dtype, got {type(v)!r}")
-    return tuple(v.shape)
-
-
-def _check_float(name: str, v: Any) -> None:
-    if not jnp.issubdtype(v.dtype, jnp.floating):
-        raise ValueError(f"{name}.dtype={v.dtype} must be a floating dtype")
 
 
 def _validate(
@@ -185,7 +172,7 @@ def _validate(
         _check_float("initial_states", initial_states)
 
     L = chunk_size
-    nc = _ceil_div(T, L)
+    nc = pl.cdiv(T, L)
     if workspace is None:
         ncw = nc
     else:
