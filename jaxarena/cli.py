@@ -319,16 +319,34 @@ def _add_limits(
 
 
 def _add_budget_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--memory", required=True,
-                   help="memory of ONE device, e.g. 141GB (10^9), 24GiB (2^30), 80e9")  # fmt: skip
-    p.add_argument("--weights", choices=("bf16", "fp8"), default="bf16",
-                   help="weight format: bf16, or fp8 with 128x128 block scales (default bf16)")  # fmt: skip
-    p.add_argument("--kv-dtype", choices=("bf16", "fp8"), default="bf16",
-                   help="KV-cache element type (default bf16)")  # fmt: skip
-    p.add_argument("--state-dtype", choices=("f32", "bf16"), default="f32",
-                   help="SSM / gated-delta-net state type (default f32)")  # fmt: skip
-    p.add_argument("--reserve", default=None,
-                   help="memory left to the runtime and XLA, e.g. 4GiB (default 1 GiB + 5%%)")  # fmt: skip
+    p.add_argument(
+        "--memory",
+        required=True,
+        help="memory of ONE device, e.g. 141GB (10^9), 24GiB (2^30), 80e9",
+    )
+    p.add_argument(
+        "--weights",
+        choices=("bf16", "fp8"),
+        default="bf16",
+        help="weight format: bf16, or fp8 with 128x128 block scales (default bf16)",
+    )
+    p.add_argument(
+        "--kv-dtype",
+        choices=("bf16", "fp8"),
+        default="bf16",
+        help="KV-cache element type (default bf16)",
+    )
+    p.add_argument(
+        "--state-dtype",
+        choices=("f32", "bf16"),
+        default="f32",
+        help="SSM / gated-delta-net state type (default f32)",
+    )
+    p.add_argument(
+        "--reserve",
+        default=None,
+        help="memory left to the runtime and XLA, e.g. 4GiB (default 1 GiB + 5%%)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -357,10 +375,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     f.add_argument("model", help="preset name, config.json path or directory")
     _add_budget_options(f)
-    f.add_argument("--sequences", type=int, default=1,
-                   help="concurrent sequences of --max-seq-len to keep room for (default 1)")  # fmt: skip
-    f.add_argument("--arena-only", action="store_true",
-                   help="the old meaning: the largest max_batch_tokens whose arena alone fits")  # fmt: skip
+    f.add_argument(
+        "--sequences",
+        type=int,
+        default=1,
+        help="concurrent sequences of --max-seq-len to keep room for (default 1)",
+    )
+    f.add_argument(
+        "--arena-only",
+        action="store_true",
+        help="the old meaning: the largest max_batch_tokens whose arena alone fits",
+    )
     _add_limits(f, with_tokens=False, batch_default=None)
     f.set_defaults(func=cmd_fit)
     d = sub.add_parser("demo", help="run the reference hybrid model's decode loop on the arena")

@@ -52,8 +52,8 @@ DEFAULT_RESERVE_FRACTION = 0.05
 BUDGET_KEYS = (
     "model", "memory_bytes", "tp", "ep", "weights", "kv_dtype", "arena",
     "max_batch_tokens", "max_seq_len", "kv_block_size", "max_batch_size",
-    "param_count", "mtp_param_count", "weight_bytes", "kv_bytes_per_token", "state_bytes_per_sequence",
-    "sequence_bytes", "arena_bytes", "reserve_bytes", "free_bytes",
+    "param_count", "mtp_param_count", "weight_bytes", "kv_bytes_per_token",
+    "state_bytes_per_sequence", "sequence_bytes", "arena_bytes", "reserve_bytes", "free_bytes",
     "max_kv_tokens", "max_kv_blocks", "max_sequences", "fits", "shortfall_bytes",
 )  # fmt: skip
 
