@@ -112,7 +112,7 @@ def parse_policy(spelling: str | None) -> SplitKPolicy | None:
 
 
 def resolve_policy(declared: str, env_value: str | None) -> SplitKPolicy:
-    """The environment's spelling wins when it parses; else the target's declaration; else legacy."""
+    """The environment's spelling wins when it parses; else the target's; else legacy."""
     from_env = parse_policy(env_value)
     if from_env is not None:
         return from_env

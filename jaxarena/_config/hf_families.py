@@ -8,20 +8,33 @@ first entry of `architectures`).
 The parser reads what the architecture really is, which differs on purpose from the seed's Rust
 parser (spec §14.2) where that parser was wrong for the sizing:
 
-| family (model_type) | how it is read |
-|---|---|
-| Llama, Mistral, Qwen2/Qwen3, Qwen2/3-MoE, Mixtral, gpt-oss, DeepSeek-V2/V3/V3.2 and every unknown `model_type` with `hidden_size` (generic arm) | fields by name; `head_dim` absent -> `hidden_size // num_attention_heads`; `num_key_value_heads` absent -> `num_attention_heads`; experts from `num_experts`, else `n_routed_experts`, else `num_local_experts`; expert FFN width absent -> `intermediate_size` (Mixtral, gpt-oss); top-k from `num_experts_per_tok`, else `experts_per_token`; shared experts from `shared_expert_intermediate_size`, else `n_shared_experts * moe_intermediate_size`; MLA (`kv_lora_rank > 0` with `qk_nope_head_dim`): `head_dim = qk_head_dim` or `qk_nope_head_dim + qk_rope_head_dim`; `attn_gated = attn_output_gate` (default false) |
-| `qwen3_next` | generic + `attn_gated` always true; `layer_types` from `full_attention_interval` (HF default 4) when absent |
-| `qwen3_5`, `qwen3_5_moe` (Qwen3.5/3.6) | generic on `text_config`; `attn_gated = attn_output_gate` (default true); layer types as Qwen3-Next |
-| `qwen3_vl`, `qwen3_vl_moe` | generic on `text_config` (no output gate) |
-| `qwen4_exp`, `qwen3_8_flash_next` | generic on `text_config`; `hc_count`/`hc_lowrank`, `indexer_*` renames; `attn_gated` from `output_gate_type`; `layer_types` required |
-| `deepseek_v4` | spec §14.2(d) |
-| `longcat_flash`, `longcat_flash_ngram` | spec §14.2(h): renames, doubled layers, MLA head_dim |
-| `mamba2` | `num_heads`/`head_dim`/`state_size`/`n_groups` are the Mamba-2 dims; no attention |
-| `mamba`, `falcon_mamba` | Mamba-1: every layer `"mamba"`, no Mamba-2 heads, no MLP |
-| `nemotron_h`, `nemotron_h_puzzle` | `hybrid_override_pattern` / `layers_block_type` / `block_configs` -> layer types |
-| `jamba` | attention/expert layer period and offset; Mamba-1 mixers |
-| `gemma`, `gemma2`, `gemma3`, `gemma3_text` | `text_config`; sliding/full layer types; HF class defaults |
+The families (`model_type` -> how it is read):
+
+- Llama, Mistral, Qwen2/Qwen3, Qwen2/3-MoE, Mixtral, gpt-oss, DeepSeek-V2/V3/V3.2 and every
+  unknown `model_type` with `hidden_size` (generic arm): fields by name; `head_dim` absent ->
+  `hidden_size // num_attention_heads`; `num_key_value_heads` absent -> `num_attention_heads`;
+  experts from `num_experts`, else `n_routed_experts`, else `num_local_experts`; expert FFN
+  width absent -> `intermediate_size` (Mixtral, gpt-oss); top-k from `num_experts_per_tok`, else
+  `experts_per_token`; shared experts from `shared_expert_intermediate_size`, else
+  `n_shared_experts * moe_intermediate_size`; MLA (`kv_lora_rank > 0` with `qk_nope_head_dim`):
+  `head_dim = qk_head_dim` or `qk_nope_head_dim + qk_rope_head_dim`; `attn_gated =
+  attn_output_gate` (default false).
+- `qwen3_next`: generic + `attn_gated` always true; `layer_types` from `full_attention_interval`
+  (HF default 4) when absent.
+- `qwen3_5`, `qwen3_5_moe` (Qwen3.5/3.6): generic on `text_config`; `attn_gated =
+  attn_output_gate` (default true); layer types as Qwen3-Next.
+- `qwen3_vl`, `qwen3_vl_moe`: generic on `text_config` (no output gate).
+- `qwen4_exp`, `qwen3_8_flash_next`: generic on `text_config`; `hc_count`/`hc_lowrank`,
+  `indexer_*` renames; `attn_gated` from `output_gate_type`; `layer_types` required.
+- `deepseek_v4`: spec §14.2(d).
+- `longcat_flash`, `longcat_flash_ngram`: spec §14.2(h): renames, doubled layers, MLA head_dim.
+- `mamba2`: `num_heads`/`head_dim`/`state_size`/`n_groups` are the Mamba-2 dims; no attention.
+- `mamba`, `falcon_mamba`: Mamba-1: every layer `"mamba"`, no Mamba-2 heads, no MLP.
+- `nemotron_h`, `nemotron_h_puzzle`: `hybrid_override_pattern` / `layers_block_type` /
+  `block_configs` -> layer types.
+- `jamba`: attention/expert layer period and offset; Mamba-1 mixers.
+- `gemma`, `gemma2`, `gemma3`, `gemma3_text`: `text_config`; sliding/full layer types; HF class
+  defaults.
 
 For every family `mrope_interleaved` is the bool `mrope_interleaved` of `rope_parameters`, else
 of `rope_scaling` (of the text object), false when absent: a plain `mrope_section` without the

@@ -2,7 +2,8 @@
 
 Field names are those of the seed's Rust `ModelConfig` (spec §14.1) so the two can be compared
 line by line; defaults are the seed's serde defaults. Parsing HuggingFace `config.json` files
-lives in `hf_source.py` / `hf_families.py`; this module only holds the value type, its validation and the derived
+lives in `hf_source.py` / `hf_families.py`; this module only holds the value type, its
+validation and the derived
 quantities the sizing formulas call.
 """
 
@@ -184,7 +185,8 @@ class ModelConfig:
         Returns:
           The config as the architecture really is (head_dim derived when absent, experts from
           `n_routed_experts`/`num_local_experts`, MRoPE under `rope_scaling` too, nested
-          `text_config`, Nemotron-H patterns, ...). See `jaxarena._config.hf_families` for every family.
+          `text_config`, Nemotron-H patterns, ...). `jaxarena._config.hf_families` lists every
+          family.
 
         Raises:
           ConfigError: invalid JSON, a missing required key, a wrong type, or an unknown

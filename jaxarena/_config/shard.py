@@ -1,8 +1,8 @@
 """Per-device sizing under tensor parallelism (`tp`) and expert parallelism (`ep`).
 
-`ModelConfig.shard(tp=..., ep=...)` (built from `shard_changes`) is the config ONE device sees when the model is
-split as Megatron-LM / vLLM split it for serving; `BufferSizes.from_config` of that config is
-then the per-device arena. The sizing formulas are not duplicated here: every byte still comes
+`ModelConfig.shard(tp=..., ep=...)` (built from `shard_changes`) is the config ONE device sees
+when the model is split as Megatron-LM / vLLM split it for serving; `BufferSizes.from_config` of
+that config is then the per-device arena. The sizing formulas are not duplicated here: every byte still comes
 from `BufferSizes.from_config`, only the model dimensions it reads change.
 
 The split, field by field (anything not listed is kept as is):

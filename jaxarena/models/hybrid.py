@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxarena import ArenaPlan, BufferSizes, Levers, ModelConfig, Target, workspaces
+from jaxarena import ArenaPlan, BufferSizes, Levers, ModelConfig, ServeLimits, Target, workspaces
 from pallas_kernels import (
     fp8_block_quant_into,
     splitk_decode_attention_into,
@@ -192,8 +192,9 @@ class HybridModel:
         target = target or Target.preset("gb10")
         levers = levers or Levers()
         if plan is None:
-            sizes = BufferSizes.from_config(config, max_batch_tokens, max_seq_len, kv_block_size,
-                                            max_batch_size, levers=levers, target=target)  # fmt: skip
+            limits = ServeLimits(max_batch_tokens=max_batch_tokens, max_seq_len=max_seq_len,
+                                 kv_block_size=kv_block_size, max_batch_size=max_batch_size)
+            sizes = BufferSizes.from_config(config, limits, levers=levers, target=target)
             plan = ArenaPlan.sequential(sizes, guard_bytes=guard_bytes)
         return cls(config=config, plan=plan, max_batch_tokens=max_batch_tokens,
                    max_seq_len=max_seq_len, kv_block_size=kv_block_size,
