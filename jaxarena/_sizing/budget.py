@@ -20,14 +20,8 @@ from jaxarena._config.model import ModelConfig
 from jaxarena._config.target import Target
 from jaxarena._errors import ConfigError
 from jaxarena._sizing.buffers import BufferSizes
-from jaxarena._sizing.weights import (
-    dtype_bytes,
-    kv_bytes_per_token,
-    mtp_param_count,
-    param_count,
-    state_bytes_per_sequence,
-    weight_bytes,
-)
+from jaxarena._sizing.cache import dtype_bytes, kv_bytes_per_token, state_bytes_per_sequence
+from jaxarena._sizing.weights import mtp_param_count, param_count, weight_bytes
 from jaxarena._units import format_bytes, parse_memory
 
 __all__ = [

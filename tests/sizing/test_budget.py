@@ -29,6 +29,7 @@ from jaxarena import (
     presets,
 )
 from jaxarena._sizing import budget as B
+from jaxarena._sizing import cache as C
 from jaxarena._sizing import weights as W
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "hf_param_counts.json"
@@ -323,20 +324,20 @@ def test_weight_bytes_rejects_unknown_format():
 
 def test_kv_full_attention_and_kv_head_replication():
     llama = ModelConfig.preset("llama3.1-8b")  # 32 layers x 2 x 8 heads x 128 x 2 B
-    assert W.kv_bytes_per_token(llama) == 32 * 2 * 8 * 128 * 2
-    assert W.kv_bytes_per_token(llama, "fp8") == 32 * 2 * 8 * 128
-    assert W.kv_bytes_per_token(llama, tp=8) == 32 * 2 * 1 * 128 * 2
+    assert C.kv_bytes_per_token(llama) == 32 * 2 * 8 * 128 * 2
+    assert C.kv_bytes_per_token(llama, "fp8") == 32 * 2 * 8 * 128
+    assert C.kv_bytes_per_token(llama, tp=8) == 32 * 2 * 1 * 128 * 2
     qnext = ModelConfig.preset("qwen3-next-80b-a3b")  # 12 attention layers, 2 KV heads of 256
-    assert W.kv_bytes_per_token(qnext) == 12 * 2 * 2 * 256 * 2
+    assert C.kv_bytes_per_token(qnext) == 12 * 2 * 2 * 256 * 2
     # tp=8 > 2 KV heads: one replicated head per device, so it stops shrinking at tp=2.
-    assert W.kv_bytes_per_token(qnext, tp=8) == W.kv_bytes_per_token(qnext, tp=2)
-    assert W.kv_bytes_per_token(qnext, tp=8) == 12 * 2 * 1 * 256 * 2
+    assert C.kv_bytes_per_token(qnext, tp=8) == C.kv_bytes_per_token(qnext, tp=2)
+    assert C.kv_bytes_per_token(qnext, tp=8) == 12 * 2 * 1 * 256 * 2
 
 
 def test_kv_mla_latent_is_replicated():
     ds = ModelConfig.preset("deepseek-v3")  # 61 layers x (512 + 64) x 2 B, on every device
-    assert W.kv_bytes_per_token(ds) == 61 * (512 + 64) * 2
-    assert W.kv_bytes_per_token(ds, tp=8) == W.kv_bytes_per_token(ds)
+    assert C.kv_bytes_per_token(ds) == 61 * (512 + 64) * 2
+    assert C.kv_bytes_per_token(ds, tp=8) == C.kv_bytes_per_token(ds)
 
 
 def test_sliding_window_is_per_sequence_state():
@@ -344,24 +345,24 @@ def test_sliding_window_is_per_sequence_state():
     # at most 128 tokens, paged in 16-token blocks: a 128-token window can touch 9 blocks.
     oss = ModelConfig.preset("gpt-oss-20b")
     per_layer_token = 2 * 8 * 64 * 2
-    assert W.kv_bytes_per_token(oss) == 12 * per_layer_token
-    assert W.sliding_tokens(128, 32768, 16) == 9 * 16
-    assert W.sliding_tokens(128, 32768, 0) == 128
-    assert W.sliding_tokens(128, 50, 16) == 4 * 16  # capped by the sequence's own blocks
-    state = W.state_bytes_per_sequence(oss, max_seq_len=32768, kv_block_size=16)
+    assert C.kv_bytes_per_token(oss) == 12 * per_layer_token
+    assert C.sliding_tokens(128, 32768, 16) == 9 * 16
+    assert C.sliding_tokens(128, 32768, 0) == 128
+    assert C.sliding_tokens(128, 50, 16) == 4 * 16  # capped by the sequence's own blocks
+    state = C.state_bytes_per_sequence(oss, max_seq_len=32768, kv_block_size=16)
     assert state == 12 * 144 * per_layer_token
 
 
 def test_mamba2_and_gdn_states():
     m2 = ModelConfig.preset("mamba2-2.7b")  # conv (4-1) x 5376 bf16 + 80 x 64 x 128 f32
     per_layer = 3 * 5376 * 2 + 80 * 64 * 128 * 4
-    assert W.state_bytes_per_sequence(m2, max_seq_len=4096) == 64 * per_layer
-    assert W.kv_bytes_per_token(m2) == 0
+    assert C.state_bytes_per_sequence(m2, max_seq_len=4096) == 64 * per_layer
+    assert C.kv_bytes_per_token(m2) == 0
     qnext = ModelConfig.preset("qwen3-next-80b-a3b")  # 36 GDN layers
     conv = 2 * 16 * 128 + 32 * 128
     per_layer = 3 * conv * 2 + 32 * 128 * 128 * 4
-    assert W.state_bytes_per_sequence(qnext, max_seq_len=4096) == 36 * per_layer
-    assert W.state_bytes_per_sequence(qnext, max_seq_len=4096, tp=4) == 36 * per_layer // 4
+    assert C.state_bytes_per_sequence(qnext, max_seq_len=4096) == 36 * per_layer
+    assert C.state_bytes_per_sequence(qnext, max_seq_len=4096, tp=4) == 36 * per_layer // 4
 
 
 # -- MemoryBudget -----------------------------------------------------------------------------
