@@ -619,3 +619,65 @@ def test_shard_splits_mamba1_channels_and_per_block_widths():
     )  # fmt: skip
     with pytest.raises(ConfigError, match=r"moe_layer_widths \[48\] are not divisible by tp=32"):
         widths.shard(tp=32)
+
+
+def test_mamba1_and_sliding_gemma_caches_by_hand():
+    # Jamba: 6 Mamba-1 layers (conv (4-1) x 128 bf16 + SSM 128 x 8 f32) and 2 attention layers
+    # of 2 KV heads x 16.
+    jamba = ModelConfig.from_hf(
+        dict(model_type="jamba", hidden_size=64, intermediate_size=96, num_hidden_layers=8,
+             num_attention_heads=4, num_key_value_heads=2, vocab_size=300, num_experts=4,
+             mamba_d_state=8, mamba_d_conv=4, mamba_expand=2, attn_layer_period=4,
+             attn_layer_offset=2)
+    )  # fmt: skip
+    assert C.state_bytes_per_sequence(jamba, max_seq_len=100) == 6 * (3 * 128 * 2 + 128 * 8 * 4)
+    assert C.kv_bytes_per_token(jamba) == 2 * 2 * 2 * 16 * 2
+    # Gemma-3: 5 of every 6 layers slide over 4096 tokens (the class default window).
+    gemma = ModelConfig.from_hf(
+        dict(model_type="gemma3_text", hidden_size=64, intermediate_size=96,
+             num_hidden_layers=12, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+             vocab_size=300)
+    )  # fmt: skip
+    per_token = 2 * 2 * 32 * 2
+    assert C.kv_bytes_per_token(gemma) == 2 * per_token
+    assert C.state_bytes_per_sequence(gemma, max_seq_len=32768, kv_block_size=0) == (
+        10 * 4096 * per_token
+    )
+    assert C.state_bytes_per_sequence(gemma, max_seq_len=1000, kv_block_size=0) == (
+        10 * 1000 * per_token
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(st.text(max_size=40), st.integers(-(10**20), 10**20), st.floats(), st.none()))
+def test_parse_memory_returns_bytes_or_a_value_error(text):
+    try:
+        value = parse_memory(text)
+    except ValueError as e:
+        assert "\n" not in str(e)
+    else:
+        assert isinstance(value, int) and 1 <= value <= 10**18
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    name=st.sampled_from(["qwen3-8b", "qwen3-30b-a3b", "tiny-hybrid", "gpt-oss-20b"]),
+    tp=st.sampled_from([0, 1, 2, 3, 4, 8, 64]),
+    ep=st.sampled_from([1, 2, 4, 5]),
+    tokens=st.integers(-2, 1 << 20),
+    seq=st.integers(-2, 1 << 22),
+    block=st.sampled_from([-1, 0, 1, 16, 256]),
+    weights=st.sampled_from(["bf16", "fp8", "fp4"]),
+)
+def test_any_budget_works_or_raises_a_value_error(name, tp, ep, tokens, seq, block, weights):
+    try:
+        b = MemoryBudget(
+            config=ModelConfig.preset(name), memory_bytes="80GB", tp=tp, ep=ep,
+            max_batch_tokens=tokens, max_seq_len=seq, kv_block_size=block, weights=weights,
+            **SMALL,
+        )  # fmt: skip
+        d = b.as_dict()
+    except ValueError:
+        return
+    assert d["weight_bytes"] + d["arena_bytes"] + d["reserve_bytes"] + d["free_bytes"] == 80 * GB
+    json.dumps(d, allow_nan=False)
