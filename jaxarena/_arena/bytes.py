@@ -60,6 +60,14 @@ def view_dtype(dtype: Any, what: str) -> np.dtype:
         raise NotImplementedError(f"{what}: sub-byte dtype {dt.name} views are not supported")
     if dt.kind == "c":
         raise NotImplementedError(f"{what}: complex dtype {dt.name} views are not supported")
+    if dt.itemsize > 4 and not jax.config.jax_enable_x64:
+        # Without x64 JAX narrows every 64-bit array to 32 bits, so a view would fail deep
+        # inside the bitcast ("8 * 8 != 32") and a write would store narrowed bytes.
+        shown = "dtype=None (float64)" if dtype is None else f"dtype {dt.name}"
+        raise ArenaError(
+            f"{what}: {shown} is 64-bit but jax_enable_x64 is off; use a 32-bit dtype or "
+            "jax.config.update('jax_enable_x64', True)"
+        )
     return dt
 
 

@@ -62,6 +62,42 @@ def _guard_pattern(n: int) -> np.ndarray:
     return ((np.arange(n, dtype=np.uint32) * 151 + 0x5A) & 0xFF).astype(np.uint8)
 
 
+# The largest arena: 2^31 rows of ROW_BYTES (row indices are int32), 512 GiB. Far
+# below 2^63, the size at which XLA aborts the process instead of raising.
+_MAX_ARENA_BYTES = (1 << 31) * ROW_BYTES
+
+
+def _is_count(v: Any) -> bool:
+    return isinstance(v, int | np.integer) and not isinstance(v, bool)
+
+
+def _field_problems(plan: Any) -> list[str]:
+    """Type and sign problems of an `ArenaPlan`'s fields and regions (every one listed)."""
+    problems = []
+    if not _is_count(plan.total_bytes) or plan.total_bytes < ROW_BYTES:
+        problems.append(
+            f"total_bytes={plan.total_bytes!r} must be an int >= {ROW_BYTES} (one arena row)"
+        )
+    if not _is_count(plan.align_bytes):
+        problems.append(f"align_bytes={plan.align_bytes!r} must be an int (a power of two)")
+    if not _is_count(plan.guard_bytes) or plan.guard_bytes < 0:
+        problems.append(f"guard_bytes={plan.guard_bytes!r} must be an int >= 0")
+    if not isinstance(plan.region_list, tuple):
+        problems.append(f"region_list must be a tuple of Region, got {type(plan.region_list)}")
+        return problems
+    for r in plan.region_list:
+        if not isinstance(r, Region):
+            problems.append(f"region_list entry {r!r} is not a Region")
+            continue
+        if not isinstance(r.name, str) or not r.name:
+            problems.append(f"region name {r.name!r} must be a non-empty str")
+        for field in ("offset_bytes", "nbytes"):
+            v = getattr(r, field)
+            if not _is_count(v) or v < 0:
+                problems.append(f"region {r.name!r} {field}={v!r} must be an int >= 0")
+    return problems
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class ArenaPlan:
     """A static layout of named regions in one byte arena.
@@ -88,7 +124,9 @@ class ArenaPlan:
     regions: Mapping[str, Region] = dataclasses.field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        problems: list[str] = []
+        problems = _field_problems(self)
+        if problems:  # wrong types: the layout checks below would only fail less clearly
+            raise ArenaError("invalid ArenaPlan:\n  - " + "\n  - ".join(problems))
         if not _is_pow2(self.align_bytes):
             problems.append(f"align_bytes={self.align_bytes} must be a power of two")
         if not isinstance(self.guard_bytes, int) or self.guard_bytes < 0:
@@ -227,6 +265,17 @@ class ArenaPlan:
         """
         if device is not None and sharding is not None:
             raise ArenaError("pass device= or sharding=, not both")
+        if device is not None and not isinstance(device, jax.Device):
+            raise ArenaError(
+                f"device={device!r} must be a jax.Device (e.g. jax.devices()[0]), got "
+                f"{type(device).__name__}"
+            )
+        if sharding is not None:
+            self._num_shards(sharding)
+            targets = list(sharding.addressable_devices)
+        else:
+            targets = [device if device is not None else jax.devices()[0]]
+        self._check_allocatable(targets)
         shape = self.arena_shape
         if sharding is None:
             out = jax.sharding.SingleDeviceSharding(device) if device is not None else None
@@ -247,6 +296,35 @@ class ArenaPlan:
         """A `NamedSharding` giving every device of `mesh` (or of `axis_names`) its own arena."""
         axes = tuple(mesh.axis_names) if axis_names is None else axis_names
         return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(axes))
+
+    def _check_allocatable(self, devices: list[Any]) -> None:
+        """`ArenaError` before allocating an arena no device could hold or index.
+
+        Three bounds, all checked before anything is allocated (XLA aborts the whole process,
+        with no exception, for a buffer of 2^63 bytes or more): the bytes must fit a signed
+        64-bit size; the rows must fit int32 (views and writes index rows with int32, so an
+        arena holds at most 2^31 rows of `ROW_BYTES`, 512 GiB); and the arena must fit each
+        device's memory where JAX reports it (`memory_stats()["bytes_limit"]`).
+        """
+        if self.total_bytes > _MAX_ARENA_BYTES:
+            raise ArenaError(
+                f"allocate: the arena is {self.total_bytes:,} bytes "
+                f"({format_bytes(self.total_bytes)}), more than an arena can be "
+                f"({format_bytes(_MAX_ARENA_BYTES)}: rows are int32-indexed, "
+                f"{ROW_BYTES} bytes each); lower the serve limits (max_batch_tokens, ...)"
+            )
+        for d in devices:
+            try:
+                stats = d.memory_stats()
+            except Exception:  # backends without memory statistics
+                stats = None
+            limit = (stats or {}).get("bytes_limit")
+            if isinstance(limit, int) and 0 < limit < self.total_bytes:
+                raise ArenaError(
+                    f"allocate: the arena is {self.total_bytes:,} bytes "
+                    f"({format_bytes(self.total_bytes)}) but {d} reports "
+                    f"{limit:,} bytes ({format_bytes(limit)}) of memory; lower the serve limits"
+                )
 
     def _num_shards(self, sharding: Any) -> int:
         if not isinstance(sharding, jax.sharding.NamedSharding):
@@ -370,6 +448,8 @@ class ArenaPlan:
         """
         self._check_arena(arena, f"write({name!r})")
         region = self.region(name)
+        if hasattr(value, "dtype"):  # before jnp.asarray silently narrows a 64-bit array
+            view_dtype(value.dtype, f"write({name!r})")
         value = jnp.asarray(value)
         dtype = view_dtype(value.dtype, f"write({name!r})")
         nbytes = value.size * dtype.itemsize
@@ -394,8 +474,24 @@ class ArenaPlan:
         """
         if not self.guard_bytes:
             raise ArenaError("check_guards: this plan has no guard bands (guard_bytes=0)")
-        if tuple(arena.shape) == self.arena_shape:
-            ok = np.asarray(self._guards_ok(arena))[None]
+        shape, dtype = tuple(getattr(arena, "shape", ())), getattr(arena, "dtype", None)
+        rows = self.arena_shape[0]
+        sharded = (
+            isinstance(arena, jax.Array)
+            and isinstance(getattr(arena, "sharding", None), jax.sharding.NamedSharding)
+            and len(shape) == 2
+            and shape[1] == ROW_BYTES
+            and shape[0] > rows
+            and shape[0] % rows == 0
+        )
+        if dtype != jnp.uint8 or (shape != self.arena_shape and not sharded):
+            raise ArenaError(
+                f"check_guards: arena is {dtype}{list(shape)} ({type(arena).__name__}), "
+                f"expected this plan's uint8{list(self.arena_shape)} array, or a sharded "
+                f"jax.Array of uint8[k * {rows}, {ROW_BYTES}] (plan.allocate(sharding=...))"
+            )
+        if not sharded:
+            ok = np.asarray(self._guards_ok(jnp.asarray(arena)))[None]
         else:
             ok = np.asarray(self._sharded_guards_ok(arena.sharding)(arena))
         broken = [r.name for i, r in enumerate(self.region_list) if not ok[:, i].all()]

@@ -10,6 +10,7 @@ Used to record buffer lifetimes from a traced step function (see `record_lifetim
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -17,23 +18,36 @@ import jax
 
 from jaxarena._arena.lifetimes import Lifetimes
 
-_listeners: list[Callable[[str, str], None]] = []
+# Listeners are per thread: JAX traces in the calling thread, so a view or write traced in one
+# thread belongs to that thread's recordings only. (One list for the process made two
+# concurrent recordings each pick up the other's events: wrong lifetimes, a wrong packed plan.)
+_local = threading.local()
+
+
+def _listeners() -> list[Callable[[str, str], None]]:
+    listeners = getattr(_local, "listeners", None)
+    if listeners is None:
+        listeners = _local.listeners = []
+    return listeners
 
 
 def emit(kind: str, name: str) -> None:
-    """Reports one access (`kind` is `"view"` or `"write"`) to every active listener."""
-    for listener in _listeners:
+    """Reports one access (`kind` is `"view"` or `"write"`) to every listener active in the
+    calling thread."""
+    for listener in tuple(_listeners()):
         listener(kind, name)
 
 
 @contextlib.contextmanager
 def listening(listener: Callable[[str, str], None]) -> Iterator[None]:
-    """Calls `listener(kind, name)` for every view and write traced inside the block."""
-    _listeners.append(listener)
+    """Calls `listener(kind, name)` for every view and write traced inside the block by the
+    calling thread (other threads' traces are not reported)."""
+    listeners = _listeners()
+    listeners.append(listener)
     try:
         yield
     finally:
-        _listeners.remove(listener)
+        listeners.remove(listener)
 
 
 def record_lifetimes(
@@ -50,6 +64,7 @@ def record_lifetimes(
     (which would skip their events), and `lax.scan`/`fori_loop` bodies are unrolled: a
     48-layer scan records 48 layers. A `lax.cond` records both branches, one after the other;
     a `while_loop` with a traced condition records its body once. Nothing is compiled or run.
+    Thread-safe: each recording hears only the views and writes traced by its own thread.
 
     Typical use: record with a sequential plan, pack, then run with the packed plan:
 

@@ -175,7 +175,7 @@ class BufferSizes:
             `scratch` (`"B"`, the default, or `"A"`; spec §5).
 
         Raises:
-          ConfigError: a serve limit is invalid.
+          ConfigError: a serve limit is invalid, or `levers` / `target` has the wrong type.
         """
         if not isinstance(config, ModelConfig):
             raise TypeError(f"config must be a ModelConfig, got {type(config).__name__}")
@@ -184,6 +184,16 @@ class BufferSizes:
         kv_block_size, max_batch_size = limits.kv_block_size, limits.max_batch_size
         levers = Levers.from_env() if levers is None else levers
         target = Target.detect() if target is None else target
+        if not isinstance(levers, Levers):
+            raise ConfigError(
+                f"levers must be a Levers (Levers(...), Levers.from_env()) or None, got "
+                f"{type(levers).__name__}"
+            )
+        if not isinstance(target, Target):
+            raise ConfigError(
+                f"target must be a Target (Target.preset('gb10'), Target.detect()) or None, "
+                f"got {type(target).__name__}"
+            )
         c = config
         m = max_batch_tokens
         h = c.hidden_size
