@@ -28,10 +28,12 @@ from typing import Any
 
 from jaxarena._arena.bytes import ROW_BYTES
 from jaxarena._arena.lifetimes import Interval, Lifetimes, first_common
+from jaxarena._errors import ArenaError
+from jaxarena._units import is_pow2
 from jaxarena._units import round_up as _round_up
 from jaxarena._units import size_items as _size_items
 
-__all__ = ["pack", "plan_violations"]
+__all__ = ["pack", "packed_layout", "plan_violations"]
 
 _INF = math.inf
 # Local search: placements tried after the greedy orders, and how many of the highest buffers
@@ -113,6 +115,43 @@ def pack(
             if improved or budget <= 0:
                 break
     return best[1], best[0]
+
+
+def packed_layout(
+    sizes: Any, lifetimes: Lifetimes, *, align_bytes: int = 256, guard_bytes: int = 0
+) -> tuple[list[tuple[str, int, int]], int, frozenset[frozenset[str]]]:
+    """`ArenaPlan.packed`'s layout as plain data.
+
+    Returns:
+      `([(name, offset_bytes, nbytes), ...] in the order of sizes (zero sizes left out),
+      total_bytes, may_alias)`: total rounded up to `max(align_bytes, ROW_BYTES)` (so it is
+      never below the lower bound, like `sequential`), may_alias every non-conflicting pair.
+
+    Raises:
+      ArenaError: `lifetimes` is not a `Lifetimes`, `align_bytes` not a power of two, or
+        `guard_bytes` not an int >= 0.
+    """
+    if not isinstance(lifetimes, Lifetimes):
+        raise ArenaError(
+            "lifetimes must be a Lifetimes (Lifetimes.standard(config), "
+            f"record_lifetimes(...)), got {type(lifetimes).__name__}"
+        )
+    if not is_pow2(align_bytes):
+        raise ArenaError(f"align_bytes={align_bytes!r} must be a power of two")
+    if isinstance(guard_bytes, bool) or not isinstance(guard_bytes, int) or guard_bytes < 0:
+        raise ArenaError(f"guard_bytes={guard_bytes!r} must be an int >= 0")
+    items = [(n, b) for n, b in _size_items(sizes) if b]
+    offsets, end = pack(sizes, lifetimes, align_bytes=align_bytes, guard_bytes=guard_bytes)
+    layout = [(n, offsets[n], b) for n, b in items]
+    total = _round_up(end, max(align_bytes, ROW_BYTES)) if layout else ROW_BYTES
+    names = [n for n, _ in items]
+    may_alias = frozenset(
+        frozenset((a, b))
+        for i, a in enumerate(names)
+        for b in names[i + 1 :]
+        if not lifetimes.conflicts(a, b)
+    )
+    return layout, total, may_alias
 
 
 def plan_violations(regions: Any, guard_bytes: int, lifetimes: Lifetimes) -> list[str]:

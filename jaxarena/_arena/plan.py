@@ -547,30 +547,10 @@ class ArenaPlan:
           `validate`). Steps run on it exactly as on a sequential plan (views, writes,
           donation), as long as they respect the lifetimes.
         """
-        if not isinstance(lifetimes, Lifetimes):
-            raise ArenaError(
-                "lifetimes must be a Lifetimes (Lifetimes.standard(config), "
-                f"record_lifetimes(...)), got {type(lifetimes).__name__}"
-            )
-        if not _is_pow2(align_bytes):
-            raise ArenaError(f"align_bytes={align_bytes!r} must be a power of two")
-        if isinstance(guard_bytes, bool) or not isinstance(guard_bytes, int) or guard_bytes < 0:
-            raise ArenaError(f"guard_bytes={guard_bytes!r} must be an int >= 0")
-        items = [(n, b) for n, b in _size_items(sizes) if b]
-        offsets, end = packing.pack(
+        layout, total, may_alias = packing.packed_layout(
             sizes, lifetimes, align_bytes=align_bytes, guard_bytes=guard_bytes
         )
-        regions = tuple(Region(n, offsets[n], b) for n, b in items)
-        # Rounded to the alignment too, so that total_bytes >= the lower bound (whose buffers each
-        # count rounded up to align_bytes) even for align_bytes > ROW_BYTES; like `sequential`.
-        total = _round_up(end, max(align_bytes, ROW_BYTES)) if regions else ROW_BYTES
-        names = [n for n, _ in items]
-        may_alias = frozenset(
-            frozenset((a, b))
-            for i, a in enumerate(names)
-            for b in names[i + 1 :]
-            if not lifetimes.conflicts(a, b)
-        )
+        regions = tuple(Region(n, o, b) for n, o, b in layout)
         return cls(regions, total, align_bytes, guard_bytes, may_alias, lifetimes=lifetimes)
 
     @property
