@@ -51,6 +51,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from jaxarena._errors import ConfigError
+
 __all__ = ["MODES", "LAYER_PHASES", "standard_schedule", "standard_live"]
 
 # The modes of the seed's runtime, which never run at the same time.
@@ -254,7 +256,7 @@ def standard_live(config: Any) -> tuple[tuple[str, ...], dict[str, list[tuple[st
       config: a `ModelConfig` (reads its attention and SSM layer counts).
     """
     if not hasattr(config, "num_attention_layers") or not hasattr(config, "num_ssm_layers"):
-        raise TypeError(f"config must be a ModelConfig, got {type(config).__name__}")
+        raise ConfigError(f"config must be a ModelConfig, got {type(config).__name__}")
     phases = _phases(config)
     index = {p: i for i, p in enumerate(phases)}
     blocks = _blocks(config)

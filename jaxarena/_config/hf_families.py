@@ -127,11 +127,18 @@ def _route(top: Obj) -> str:
 
 
 def _text(top: Obj) -> Obj:
-    """The object that holds the language-model fields: `text_config` when there is one."""
+    """The object that holds the language-model fields: `text_config` merged over the top level
+    when there is one (a `text_config` key wins; a key only the top level states fills the gap),
+    else the top level. Nothing either level states is dropped: a config with `hidden_size` at
+    the top and the layer and head counts in `text_config` reads all of them. Error messages
+    name each key where its value came from (`text_config.head_dim` or `head_dim`)."""
     text = top.obj("text_config")
-    if text is None or (not text.has("hidden_size") and top.has("hidden_size")):
+    if text is None:
         return top
-    return text
+    stated = {k: v for k, v in text.data.items() if v is not None}
+    filled = {k: v for k, v in top.data.items() if k != "text_config" and k not in stated}
+    # Keys neither level states are named under text_config (where they belong).
+    return Obj({**filled, **stated}, text.prefix, top.source, prefixes=dict.fromkeys(filled, ""))
 
 
 # -- shared rules --------------------------------------------------------------------------------

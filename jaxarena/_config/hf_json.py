@@ -28,13 +28,18 @@ class Obj:
     `null` reads as absent.
     """
 
-    def __init__(self, data: Mapping, prefix: str, source: str) -> None:
+    def __init__(
+        self, data: Mapping, prefix: str, source: str, *, prefixes: Mapping[str, str] = {}
+    ) -> None:
         self.data = data
         self.prefix = prefix
         self.source = source
+        # Per-key prefixes of a merged object (`text_config` over the top level): each key is
+        # named where its value came from.
+        self.prefixes = prefixes
 
     def key(self, name: str) -> str:
-        return self.prefix + name
+        return self.prefixes.get(name, self.prefix) + name
 
     def error(self, name: str, rule: str) -> ConfigError:
         return ConfigError(f"{self.source}: {self.key(name)}={show(self.data.get(name))} {rule}")

@@ -132,7 +132,13 @@ def load(source: Any, *, revision: str | None = None) -> dict[str, Any]:
     if is_dir:
         _local_revision(revision, text)
         config = path / "config.json"
-        if not config.is_file():
+        try:
+            found = config.is_file()
+        except OSError as e:  # e.g. a directory without search (x) permission
+            raise ConfigError(
+                f"{path}: cannot look for config.json in the directory: {e.strerror or e}"
+            ) from None
+        if not found:
             raise ConfigError(f"{path}: directory has no config.json")
         return _parse_file(config, source=str(config))
     if is_file:

@@ -9,6 +9,8 @@ import dataclasses
 import os
 from collections.abc import Mapping
 
+from jaxarena._errors import ConfigError
+
 __all__ = [
     "Levers",
     "ENV_GGUF_NATIVE_Q2",
@@ -45,9 +47,9 @@ class Levers:
     def __post_init__(self) -> None:
         for name in ("gguf_native_q2", "gguf_native_q2_mmq", "fp8_rowwise"):
             if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"Levers.{name}={getattr(self, name)!r} must be a bool")
+                raise ConfigError(f"Levers.{name}={getattr(self, name)!r} must be a bool")
         if self.attn_decode_splitk is not None and not isinstance(self.attn_decode_splitk, str):
-            raise TypeError(
+            raise ConfigError(
                 f"Levers.attn_decode_splitk={self.attn_decode_splitk!r} must be a str or None"
             )
 

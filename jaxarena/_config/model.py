@@ -13,8 +13,15 @@ import dataclasses
 from typing import Any
 
 from jaxarena._config import hf_source
+from jaxarena._config.hf_json import show
 from jaxarena._config.hf_weights import weight_field_problems
-from jaxarena._config.schema import ATTENTION_KINDS, INT_DEFAULTS, LAYER_TYPES, SSM_KINDS
+from jaxarena._config.schema import (
+    ATTENTION_KINDS,
+    INT_DEFAULTS,
+    INT_MAXIMA,
+    LAYER_TYPES,
+    SSM_KINDS,
+)
 from jaxarena._config.shard import shard_changes
 from jaxarena._errors import ConfigError, join_problems
 
@@ -39,11 +46,16 @@ class ModelConfig:
     `model_type` and `source` are informational (where the config came from); they do not
     enter any size.
 
+    Every integer field has a documented sane range, `0..INT_MAXIMA[name]` (see
+    `jaxarena._config.schema.INT_MAXIMA`: at least 16x the largest published value, e.g.
+    `hidden_size <= 2**20`, `vocab_size <= 2**24`, `num_hidden_layers <= 2**16`).
+
     Raises:
-      ConfigError: a field has the wrong type or a negative value, `num_attention_heads` is not
-        a multiple of `num_key_value_heads`, `num_experts_per_tok` exceeds `num_experts` on a
-        model with experts, a layer type is unknown, `layer_types` disagrees with
-        `num_hidden_layers`, or the Mamba-2 dimensions are incomplete.
+      ConfigError: a field has the wrong type, a negative value or one beyond its sane range,
+        `num_attention_heads` is not a multiple of `num_key_value_heads`, `num_experts_per_tok`
+        exceeds `num_experts` on a model with experts, a layer type is unknown or not a string,
+        `layer_types` disagrees with `num_hidden_layers`, or the Mamba-2 dimensions are
+        incomplete.
     """
 
     hidden_size: int
@@ -114,7 +126,24 @@ class ModelConfig:
                     f"{name}={value!r} must be a non-negative int, got {type(value).__name__}"
                 )
             elif value < 0:
-                problems.append(f"{name}={value} must be >= 0")
+                problems.append(f"{name}={show(value)} must be >= 0")
+        for name, maximum in INT_MAXIMA.items():
+            value = getattr(self, name)
+            if isinstance(value, int) and value > maximum:
+                problems.append(
+                    f"{name}={show(value)} is beyond the sane range 0..{maximum:,} of a model "
+                    "dimension (a corrupt or mistyped config?)"
+                )
+        if (
+            self.moe_layer_widths
+            and isinstance(self.moe_layer_widths, tuple)
+            and any(isinstance(w, int) and w > INT_MAXIMA["moe_intermediate_size"]
+                    for w in self.moe_layer_widths)
+        ):  # fmt: skip
+            problems.append(
+                f"moe_layer_widths has entries beyond "
+                f"{INT_MAXIMA['moe_intermediate_size']:,} (the moe_intermediate_size bound)"
+            )
         for name in ("attn_gated", "mrope_interleaved"):
             if not isinstance(getattr(self, name), bool):
                 problems.append(f"{name}={getattr(self, name)!r} must be a bool")
@@ -130,7 +159,18 @@ class ModelConfig:
         if problems:
             raise ConfigError(join_problems("invalid ModelConfig" + where, problems))
 
-        bad_kinds = sorted({k for k in self.layer_types if k not in LAYER_TYPES}, key=str)
+        if len(self.layer_types) > INT_MAXIMA["num_hidden_layers"]:
+            problems.append(
+                f"layer_types has {len(self.layer_types):,} entries, beyond the "
+                f"{INT_MAXIMA['num_hidden_layers']:,} layers a model can have"
+            )
+        # Checked as strings first: an unhashable entry (a list, a dict) must not escape as a
+        # TypeError from the set below.
+        bad_kinds = sorted(
+            {show(k) if not isinstance(k, str) else k for k in self.layer_types
+             if not isinstance(k, str) or k not in LAYER_TYPES},
+            key=str,
+        )  # fmt: skip
         if bad_kinds:
             problems.append(
                 f"layer_types has unknown entries {bad_kinds}; known: {sorted(LAYER_TYPES)}"

@@ -6,6 +6,8 @@ import dataclasses
 
 import jax
 
+from jaxarena._errors import ConfigError
+
 __all__ = ["Target"]
 
 # name -> (SM count, declared split-K policy). Targets that declare nothing take the baseline
@@ -51,13 +53,22 @@ class Target:
 
     def __post_init__(self) -> None:
         if isinstance(self.sm_count, bool) or not isinstance(self.sm_count, int):
-            raise TypeError(f"Target.sm_count={self.sm_count!r} must be an int")
+            raise ConfigError(f"Target.sm_count={self.sm_count!r} must be an int")
         if self.sm_count < 1:
-            raise ValueError(f"Target.sm_count={self.sm_count} must be >= 1")
+            raise ConfigError(f"Target.sm_count={self.sm_count} must be >= 1")
 
     @classmethod
     def preset(cls, name: str) -> Target:
-        """The seed's constants for target `name` (e.g. `"gb10"`, `"hopper"`, `"b200"`)."""
+        """The seed's constants for target `name` (e.g. `"gb10"`, `"hopper"`, `"b200"`).
+
+        Raises:
+          ValueError: `name` is not a string, or not a known target (the message lists them).
+        """
+        if not isinstance(name, str):
+            raise ValueError(
+                f"target name must be a str, one of {', '.join(_PRESETS)}; got "
+                f"{type(name).__name__} {name!r:.60}"
+            )
         key = name.strip().lower()
         if key not in _PRESETS:
             raise ValueError(f"unknown target {name!r}; known targets: {', '.join(_PRESETS)}")

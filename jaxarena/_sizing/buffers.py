@@ -178,7 +178,7 @@ class BufferSizes:
           ConfigError: a serve limit is invalid, or `levers` / `target` has the wrong type.
         """
         if not isinstance(config, ModelConfig):
-            raise TypeError(f"config must be a ModelConfig, got {type(config).__name__}")
+            raise ConfigError(f"config must be a ModelConfig, got {type(config).__name__}")
         limits = _limits(limits, max_batch_tokens, max_seq_len, kv_block_size, max_batch_size)
         max_batch_tokens, max_seq_len = limits.max_batch_tokens, limits.max_seq_len
         kv_block_size, max_batch_size = limits.kv_block_size, limits.max_batch_size

@@ -15,6 +15,7 @@ from jaxarena import (
     ArenaError,
     ArenaPlan,
     BufferSizes,
+    ConfigError,
     Interval,
     Levers,
     Lifetimes,
@@ -319,7 +320,7 @@ def test_standard_intervals_by_hand():
     ssd = Lifetimes.standard(ModelConfig.preset("mamba2-2.7b")).live["ssd_scratch"]
     mix = mamba.index("ssm.mix")
     assert ssd == (iv("prefill", mix, mix + 1), iv("verify", mix, mix + 1))
-    with pytest.raises(TypeError):
+    with pytest.raises(ConfigError, match="config must be a ModelConfig"):
         Lifetimes.standard("qwen3-8b")
 
 
