@@ -83,8 +83,8 @@ def _config_for(args: argparse.Namespace):
     return config
 
 
-def _packed_report(sizes, config, align: int) -> dict[str, Any]:
-    return packing_report(sizes, Lifetimes.standard(config), align_bytes=align)
+def _packed_report(sizes, config, align: int, packed: ArenaPlan | None = None) -> dict[str, Any]:
+    return packing_report(sizes, Lifetimes.standard(config), align_bytes=align, packed=packed)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -92,7 +92,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     sizes = _sizes(args, config)
     plan = ArenaPlan.sequential(sizes, align_bytes=args.align)
     limits = {k: getattr(args, k) for k in DEFAULT_LIMITS}
-    report = _packed_report(sizes, config, args.align) if args.packed else None
+    packed_plan = None
+    if args.packed:
+        packed_plan = ArenaPlan.packed(sizes, Lifetimes.standard(config), align_bytes=args.align)
+    report = None
+    if packed_plan is not None:
+        report = _packed_report(sizes, config, args.align, packed_plan)
     if args.json:
         out: dict[str, Any] = {
             "model": args.model or DEFAULT_MODEL,
@@ -135,8 +140,21 @@ def cmd_plan(args: argparse.Namespace) -> int:
                   f"lower bound {format_bytes(lb)}  packed/lower bound {packed / lb:.3f}  "
                   f"packed/sequential {packed / seq:.3f}")  # fmt: skip
     if args.plot:
-        plot_plan(plan, args.plot, title=f"{args.model or DEFAULT_MODEL} arena")
-        print(f"memory map written to {args.plot}", file=sys.stderr)
+        # A packed plan is drawn as its offset-by-time map, with the sequential strip beside it
+        # on the same y scale; without --packed, the sequential strip alone.
+        mesh = f", tp={args.tp} ep={args.ep} (per device)" if args.tp * args.ep > 1 else ""
+        written = plot_plan(
+            packed_plan if packed_plan is not None else plan,
+            args.plot,
+            title=f"{args.model or DEFAULT_MODEL} [{config.model_type or 'custom'}]: "
+            + ("packed arena" if packed_plan is not None else "sequential arena"),
+            context=[
+                f"target {_target(args.target).name}{mesh}, align {args.align} B, "
+                + ", ".join(f"{k}={v}" for k, v in limits.items())
+            ],
+            sequential=plan if packed_plan is not None else None,
+        )
+        print(f"memory map written to {written}", file=sys.stderr)
     return 0
 
 

@@ -148,15 +148,24 @@ def test_parse_memory(text, expected):
     assert parse_memory(text) == expected
 
 
-def test_plot_draws_a_png(capsys, tmp_path):
+@pytest.mark.parametrize(
+    "name, written, packed", [("map.png", "map.png", True), ("map", "map.png", False)]
+)
+def test_plot_writes_the_file_and_reports_its_path(capsys, tmp_path, name, written, packed):
+    # Issue 19 (and issue 17 item 8): the line names the file really written, `.png` added
+    # when the path has no extension; exactly that one file appears.
     pytest.importorskip("matplotlib", reason="the plot is an optional extra: jaxarena[plot]")
-    png = tmp_path / "map.png"
-    code, _, err = run(capsys, "plan", "qwen3-8b", "--plot", str(png))
-    assert code == 0 and "memory map written" in err
-    head = png.read_bytes()[:24]
+    argv = ["plan", "qwen3-8b", "--target", "gb10", "--plot", str(tmp_path / name)]
+    code, _, err = run(capsys, *argv, *(["--packed"] if packed else []))
+    assert code == 0
+    path = tmp_path / written
+    assert err.strip().splitlines()[-1] == f"memory map written to {path}"
+    assert sorted(tmp_path.iterdir()) == [path]
+    head = path.read_bytes()[:24]
     assert head[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = struct.unpack(">II", head[16:24])
-    assert width >= 800 and height >= 300
+    # The packed map has three mode panels beside the strip; the sequential plan one strip.
+    assert (width > 1200) == packed and height > 500
 
 
 def test_demo_runs_and_reports(capsys):

@@ -1,0 +1,136 @@
+"""The house style of every jaxarena picture (the plan's memory map, the budget's bars): one
+way to load matplotlib, to name the output file, to put byte ticks on an axis, to colour a
+buffer and to write a title. matplotlib is an optional dependency (`jaxarena[plot]`); nothing
+here imports it at module level.
+
+* Ticks fall on multiples of one power-of-two unit (`binary_ticks`): 0, 256 MiB, 512 MiB, ...,
+  5 to 10 of them, labelled in binary units (`format_tick`).
+* A buffer keeps its colour across pictures (`buffer_colour`): the seed's buffers take hues
+  spaced by the golden angle in the seed's order, so neighbours in that order differ; any
+  other name takes a hue from a CRC-32 of the name. The parts of a device budget have fixed
+  colours (`PART_COLOURS`).
+* Titles (`figure_title`) read: what and whose (model, kind), then the stated limits and
+  target, then the totals.
+"""
+
+from __future__ import annotations
+
+import colorsys
+import dataclasses
+import zlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "PART_COLOURS",
+    "binary_ticks",
+    "buffer_colour",
+    "figure_title",
+    "format_tick",
+    "output_path",
+    "pyplot",
+]
+
+_GOLDEN = 0.618033988749895
+# Lightness / saturation pairs cycled with the hue so that two hues that come out close still
+# differ in shade.
+_SHADES = ((0.55, 0.62), (0.42, 0.70), (0.66, 0.55))
+
+# The parts of one device's memory in a budget picture (bottom to top).
+PART_COLOURS = {
+    "weights": "#4c72b0",
+    "arena": "#dd8452",
+    "reserve": "#8c8c8c",
+    "kv": "#55a868",
+    "state": "#8172b3",
+    "free": "#ececec",
+}
+
+
+def pyplot() -> Any:
+    """`matplotlib.pyplot` on the non-interactive Agg backend.
+
+    Raises:
+      ImportError: matplotlib is not installed (`pip install "jaxarena[plot]"`).
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise ImportError('plotting needs matplotlib: pip install "jaxarena[plot]"') from e
+    return plt
+
+
+def output_path(path: Any) -> str:
+    """The file a picture asked for as `path` is written to: `path` itself, or `path + ".png"`
+    when it has no extension (matplotlib picks the format from the extension)."""
+    text = str(path)
+    return text if Path(text).suffix else f"{text}.png"
+
+
+def binary_ticks(top: float, *, max_ticks: int = 10) -> tuple[int, list[int]]:
+    """Ticks from 0 to `top` at the multiples of one power-of-two unit.
+
+    The unit is the smallest power of two (>= 1 byte) that gives at most `max_ticks` ticks in
+    `[0, top]`; for `top >= 4.5` bytes this gives between `max_ticks // 2` and `max_ticks`
+    ticks (halving the unit doubles their number).
+
+    Returns:
+      `(unit, [0, unit, 2 * unit, ...])`, every tick `<= top`.
+    """
+    if top < 0:
+        raise ValueError(f"top={top!r} must be >= 0")
+    unit = 1
+    while top / unit > max_ticks - 1:
+        unit *= 2
+    return unit, [k * unit for k in range(int(top // unit) + 1)]
+
+
+_BINARY = (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10))
+
+
+def format_tick(value: int) -> str:
+    """A tick value in the largest binary unit that shows it exactly with at most two
+    decimals: `0`, `256 MiB`, `1.25 GiB`, `1088 MiB`, `96 B`."""
+    value = int(value)
+    if value == 0:
+        return "0"
+    for name, unit in _BINARY:
+        if value >= unit and (value * 100) % unit == 0:
+            text = f"{value / unit:.2f}".rstrip("0").rstrip(".")
+            return f"{text} {name}"
+    return f"{value} B"
+
+
+def _seed_order() -> dict[str, int]:
+    from jaxarena._sizing.buffers import BufferSizes
+
+    return {f.name: i for i, f in enumerate(dataclasses.fields(BufferSizes))}
+
+
+_ORDER: dict[str, int] | None = None
+
+
+def buffer_colour(name: str) -> str:
+    """The colour (`#rrggbb`) of buffer `name` in every picture: fixed per name."""
+    global _ORDER
+    if _ORDER is None:
+        _ORDER = _seed_order()
+    index = _ORDER.get(name)
+    if index is None:
+        hue = zlib.crc32(name.encode()) / 2**32
+        index = zlib.crc32(name.encode()[::-1])
+    else:
+        hue = (index * _GOLDEN) % 1.0
+    light, sat = _SHADES[index % len(_SHADES)]
+    r, g, b = colorsys.hls_to_rgb(hue, light, sat)
+    return "#{:02x}{:02x}{:02x}".format(*(round(255 * c) for c in (r, g, b)))
+
+
+def figure_title(subject: str, context: Sequence[str] = (), totals: str = "") -> str:
+    """The title of a picture: `subject` (model and what is drawn), the `context` lines
+    (limits, target, mesh), then `totals`."""
+    return "\n".join([subject, *[c for c in context if c], *([totals] if totals else [])])
