@@ -19,6 +19,14 @@ from jaxarena._config.levers import Levers
 from jaxarena._config.model import ModelConfig
 from jaxarena._config.target import Target
 from jaxarena._errors import ConfigError
+from jaxarena._figure import (
+    PART_COLOURS,
+    binary_ticks,
+    figure_title,
+    format_tick,
+    output_path,
+    pyplot,
+)
 from jaxarena._sizing.buffers import BufferSizes
 from jaxarena._sizing.cache import dtype_bytes, kv_bytes_per_token, state_bytes_per_sequence
 from jaxarena._sizing.weights import mtp_param_count, param_count, weight_bytes
@@ -30,6 +38,7 @@ __all__ = [
     "DEFAULT_RESERVE_FRACTION",
     "MemoryBudget",
     "default_reserve",
+    "draw_budget",
     "fit_max_batch_tokens",
     "plot_budget",
 ]
@@ -427,49 +436,74 @@ def budget_segments(b: MemoryBudget) -> list[tuple[str, int]]:
     return parts
 
 
+_PART_KEYS = ("weights", "arena", "reserve", "kv", "state", "free")
+
+
+def draw_budget(b: MemoryBudget, *, title: str | None = None) -> Any:
+    """The budget picture as a matplotlib `Figure` (what `plot_budget` saves): one stacked bar
+    per device (at most 16; one bar for "each of" more), parts bottom to top as in
+    `budget_segments`, each bar patch's `gid` the part's key (`weights`, `arena`, `reserve`,
+    `kv`, `state`, `free`); the device's memory as a dashed line (`gid="memory"`). Ticks,
+    colours and title follow `jaxarena._figure`, like the plan's memory map.
+    """
+    plt = pyplot()
+    devices = max(b.tp, b.ep)
+    bars = min(devices, 16)
+    segments = budget_segments(b)
+    used = sum(v for key, (_, v) in zip(_PART_KEYS, segments, strict=True) if key != "free")
+    y_max = max(b.memory_bytes, used) * 1.03
+    fig, ax = plt.subplots(figsize=(max(3.2, 1.4 + 0.55 * bars), 6.0))
+    xs = list(range(bars))
+    bottom = [0] * bars
+    for key, (label, nbytes) in zip(_PART_KEYS, segments, strict=True):
+        if nbytes == 0:
+            continue
+        drawn = ax.bar(xs, [nbytes] * bars, bottom=bottom, color=PART_COLOURS[key],
+                       edgecolor="white", linewidth=0.4, width=0.7,
+                       label=f"{label} {format_bytes(nbytes)}")  # fmt: skip
+        for patch in drawn:
+            patch.set_gid(key)
+        bottom = [y + nbytes for y in bottom]
+    ax.axhline(b.memory_bytes, color="black" if b.fits else "#c44e52", ls="--", lw=1.0,
+               gid="memory", label=f"device memory {format_bytes(b.memory_bytes)}")  # fmt: skip
+    ax.set_ylim(0, y_max)
+    _, ticks = binary_ticks(y_max)
+    ax.set_yticks(ticks, [format_tick(t) for t in ticks], fontsize=7)
+    ax.set_ylabel("bytes per device", fontsize=8)
+    names = [f"dev {i}" for i in xs] if bars == devices else [f"each of {devices}"]
+    ax.set_xticks(xs if bars == devices else [0], names, fontsize=7)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    target = "auto" if b.target is None else getattr(b.target, "name", str(b.target))
+    verdict = "fits" if b.fits else f"short by {format_bytes(b.shortfall_bytes)}"
+    text = figure_title(
+        f"{title or 'model'} [{b.config.model_type or 'custom'}]: memory per device",
+        [
+            f"target {target}, tp={b.tp} ep={b.ep}, weights {b.weights}, KV {b.kv_dtype}, "
+            f"state {b.state_dtype}, {b.arena} arena",
+            f"max_batch_tokens={b.max_batch_tokens}, max_seq_len={b.max_seq_len}, "
+            f"kv_block_size={b.kv_block_size}, max_batch_size={b.max_batch_size}",
+        ],
+        f"{format_bytes(b.memory_bytes)} per device: {verdict}, "
+        f"{b.max_sequences:,} sequences of {b.max_seq_len:,} tokens",
+    )
+    ax.set_title(text, fontsize=8, loc="left")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7, frameon=False)
+    return fig
+
+
 def plot_budget(b: MemoryBudget, path: str, *, title: str | None = None) -> str:
-    """Saves one stacked bar per device (PNG; `.png` is added when `path` has no extension)
+    """Saves `draw_budget(b)` to `path` (PNG; `.png` is added when `path` has no extension)
     and returns the path written. The dashed line is the device's memory; a bar that crosses
     it does not fit.
 
     Raises:
       ImportError: matplotlib is not installed (`pip install "jaxarena[plot]"`).
     """
+    out = output_path(path)
+    fig = draw_budget(b, title=title)
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as e:
-        raise ImportError('plotting needs matplotlib: pip install "jaxarena[plot]"') from e
-    from pathlib import Path
-
-    out = str(path) if Path(path).suffix else f"{path}.png"
-    devices = max(b.tp, b.ep)
-    bars = min(devices, 16)
-    gib = float(1 << 30)
-    colors = ["#4c72b0", "#dd8452", "#8c8c8c", "#55a868", "#8172b3", "#e8e8e8"]
-    fig, ax = plt.subplots(figsize=(max(3.0, 1.2 + 0.55 * bars), 5.5))
-    xs = list(range(bars))
-    bottom = [0.0] * bars
-    for (label, nbytes), color in zip(budget_segments(b), colors, strict=True):
-        if nbytes == 0:
-            continue
-        ax.bar(xs, [nbytes / gib] * bars, bottom=bottom, color=color, edgecolor="white",
-               width=0.7, label=f"{label}: {format_bytes(nbytes)}")  # fmt: skip
-        bottom = [y + nbytes / gib for y in bottom]
-    ax.axhline(b.memory_bytes / gib, color="#c44e52" if not b.fits else "black", ls="--", lw=1)
-    ax.set_ylabel("GiB per device")
-    names = [f"dev {i}" for i in xs] if bars == devices else [f"each of {devices}"]
-    ax.set_xticks(xs if bars == devices else [0], names, fontsize=7)
-    verdict = "fits" if b.fits else f"short by {format_bytes(b.shortfall_bytes)}"
-    ax.set_title(
-        (title or (b.config.model_type or "model"))
-        + f"\n{format_bytes(b.memory_bytes)} per device, tp={b.tp} ep={b.ep}, {b.weights}: "
-        + verdict,
-        fontsize=9,
-    )
-    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
-    fig.savefig(out, dpi=110, bbox_inches="tight")
-    plt.close(fig)
+        fig.savefig(out, dpi=100, bbox_inches="tight")
+    finally:
+        pyplot().close(fig)
     return out
