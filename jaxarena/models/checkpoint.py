@@ -1,0 +1,213 @@
+"""Reading a local HuggingFace checkpoint directory: `config.json` and its safetensors files.
+
+A safetensors file is an 8-byte little-endian header length, a JSON header mapping each tensor
+name to `{"dtype", "shape", "data_offsets": [begin, end]}` (offsets relative to the end of the
+header), then the raw little-endian bytes. The `safetensors` package's numpy and flax readers
+go through numpy dtypes, which have no bfloat16 or float8, so this module reads the header
+itself and views the bytes with the `ml_dtypes` types JAX uses. Nothing is copied before the
+caller asks for a tensor: the files are memory-mapped.
+
+Every problem (a missing file, a truncated or corrupt file, a tensor whose bytes do not match
+its dtype and shape, a name given twice) raises `CheckpointError` naming the file and tensor.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import struct
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+__all__ = ["CheckpointError", "Checkpoint", "open_checkpoint", "DTYPES"]
+
+# safetensors dtype name -> numpy dtype (bfloat16 / float8 from ml_dtypes).
+DTYPES: dict[str, np.dtype] = {
+    "F64": np.dtype(np.float64),
+    "F32": np.dtype(np.float32),
+    "F16": np.dtype(np.float16),
+    "BF16": np.dtype(ml_dtypes.bfloat16),
+    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
+    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
+    "I64": np.dtype(np.int64),
+    "I32": np.dtype(np.int32),
+    "I16": np.dtype(np.int16),
+    "I8": np.dtype(np.int8),
+    "U8": np.dtype(np.uint8),
+    "BOOL": np.dtype(np.bool_),
+}
+
+# A header larger than this is not a checkpoint header (the format caps it at 100 MB).
+_MAX_HEADER = 100_000_000
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory or safetensors file is missing, corrupt or does not fit the
+    model; the message names the file and the tensor."""
+
+
+class _File:
+    """One memory-mapped safetensors file with its parsed and validated header."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            size = path.stat().st_size
+            with open(path, "rb") as fh:
+                head = fh.read(8)
+                if len(head) < 8:
+                    raise CheckpointError(
+                        f"{path}: {size} bytes, too short for a safetensors file (the 8-byte "
+                        "header length is missing); the file is truncated or not safetensors"
+                    )
+                (n,) = struct.unpack("<Q", head)
+                if n > _MAX_HEADER or 8 + n > size:
+                    raise CheckpointError(
+                        f"{path}: header length {n} does not fit the file's {size} bytes; the "
+                        "file is truncated or not safetensors"
+                    )
+                raw = fh.read(n)
+                self._map = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+        except OSError as e:
+            raise CheckpointError(f"{path}: cannot read ({e.strerror or e})") from e
+        try:
+            header = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise CheckpointError(f"{path}: the header is not valid JSON ({e})") from e
+        if not isinstance(header, dict):
+            raise CheckpointError(f"{path}: the header is not a JSON object")
+        header.pop("__metadata__", None)
+        self.base = 8 + n
+        self.size = size
+        self.entries: dict[str, tuple[str, tuple[int, ...], int, int]] = {}
+        for name, e in header.items():
+            self.entries[name] = self._entry(name, e)
+
+    def _entry(self, name: str, e: Any) -> tuple[str, tuple[int, ...], int, int]:
+        where = f"{self.path}: tensor {name!r}"
+        if not isinstance(e, dict) or not {"dtype", "shape", "data_offsets"} <= e.keys():
+            raise CheckpointError(f"{where}: header entry {e!r} lacks dtype/shape/data_offsets")
+        dtype, shape, offs = e["dtype"], e["shape"], e["data_offsets"]
+        if dtype not in DTYPES:
+            raise CheckpointError(f"{where}: unknown dtype {dtype!r}; known: {sorted(DTYPES)}")
+        if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
+            raise CheckpointError(f"{where}: shape {shape!r} is not a list of sizes")
+        if not (isinstance(offs, list) and len(offs) == 2 and all(isinstance(o, int) for o in offs)
+                and 0 <= offs[0] <= offs[1]):  # fmt: skip
+            raise CheckpointError(f"{where}: data_offsets {offs!r} are not [begin, end]")
+        begin, end = offs
+        want = int(np.prod(shape, dtype=np.int64)) * DTYPES[dtype].itemsize
+        if end - begin != want:
+            raise CheckpointError(
+                f"{where}: {end - begin} data bytes for {dtype}{shape}, which needs {want}"
+            )
+        if self.base + end > self.size:
+            raise CheckpointError(
+                f"{where}: its bytes end at {self.base + end} but the file has {self.size}; "
+                "the file is truncated (re-download or re-save it)"
+            )
+        return dtype, tuple(shape), begin, end
+
+    def array(self, name: str) -> np.ndarray:
+        dtype, shape, begin, end = self.entries[name]
+        buf = np.frombuffer(self._map, np.uint8, end - begin, self.base + begin) if end > begin \
+            else np.zeros(0, np.uint8)  # fmt: skip
+        return buf.view(DTYPES[dtype]).reshape(shape)
+
+
+class Checkpoint(Mapping[str, np.ndarray]):
+    """The tensors of a checkpoint directory by HuggingFace name (read-only numpy views).
+
+    Attributes:
+      path: the directory.
+      config: the parsed `config.json`.
+      files: the safetensors files read.
+    """
+
+    def __init__(self, path: Path, config: dict[str, Any], files: list[_File]) -> None:
+        self.path = path
+        self.config = config
+        self.files = files
+        self._where: dict[str, _File] = {}
+        for f in files:
+            for name in f.entries:
+                if name in self._where:
+                    raise CheckpointError(
+                        f"{path}: tensor {name!r} appears in both {self._where[name].path.name} "
+                        f"and {f.path.name}"
+                    )
+                self._where[name] = f
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self._where[name].array(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._where)
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def dtype_name(self, name: str) -> str:
+        """The safetensors dtype name (`"BF16"`, `"F8_E4M3"`, ...) of tensor `name`."""
+        return self._where[name].entries[name][0]
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self._where[name].entries[name][1]
+
+    def file_of(self, name: str) -> str:
+        return self._where[name].path.name
+
+
+def open_checkpoint(path: str | Path) -> Checkpoint:
+    """Opens a checkpoint directory: `config.json` plus `model.safetensors` or the shards listed
+    in `model.safetensors.index.json`.
+
+    Raises:
+      CheckpointError: the directory, `config.json` or a listed shard is missing; a file is
+        truncated or corrupt; the index names a tensor its shard lacks (or the shard holds one
+        the index does not name).
+    """
+    root = Path(path)
+    if not root.is_dir():
+        raise CheckpointError(f"{root}: not a directory (expected a checkpoint directory with "
+                              "config.json and *.safetensors)")  # fmt: skip
+    cfg_path = root / "config.json"
+    try:
+        config = json.loads(cfg_path.read_text())
+    except FileNotFoundError as e:
+        raise CheckpointError(f"{root}: no config.json") from e
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{cfg_path}: cannot parse ({e})") from e
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{cfg_path}: the top level must be a JSON object")
+    index = root / "model.safetensors.index.json"
+    single = root / "model.safetensors"
+    if index.exists():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (OSError, KeyError, TypeError, json.JSONDecodeError) as e:
+            raise CheckpointError(f"{index}: no readable weight_map ({e!r})") from e
+        names = sorted(set(weight_map.values()))
+        files = []
+        for n in names:
+            if not (root / n).is_file():
+                raise CheckpointError(f"{index}: lists shard {n!r}, which is missing from {root}")
+            files.append(_File(root / n))
+        ckpt = Checkpoint(root, config, files)
+        for tensor, shard in weight_map.items():
+            if tensor not in ckpt._where or ckpt.file_of(tensor) != shard:
+                raise CheckpointError(f"{index}: maps tensor {tensor!r} to {shard}, which does "
+                                      "not hold it")  # fmt: skip
+        for tensor in ckpt:
+            if tensor not in weight_map:
+                raise CheckpointError(f"{ckpt.file_of(tensor)}: holds tensor {tensor!r}, which "
+                                      f"{index.name} does not list")  # fmt: skip
+        return ckpt
+    if single.is_file():
+        return Checkpoint(root, config, [_File(single)])
+    raise CheckpointError(f"{root}: neither model.safetensors nor model.safetensors.index.json "
+                          "(only safetensors checkpoints are read)")  # fmt: skip

@@ -1,0 +1,551 @@
+"""HuggingFace checkpoints on the arena: `load_pretrained(path, ...) -> CausalLM`.
+
+Families (`model_type` of `config.json`): `llama`, `mistral`, `qwen3` (q/k norms), `mamba2`
+and `nemotron_h` (Mamba-2, attention and relu^2 MLP blocks; no MoE blocks). Checkpoints may be
+FP8 block-quantized (`quantization_config = {"quant_method": "fp8", "weight_block_size":
+[128, 128]}`, the Qwen3-*-FP8 / DeepSeek-V3 format): their linear weights stay
+`float8_e4m3fn` on the device with their f32 `weight_scale_inv` block scales, activations are
+quantized 1 x 128 into the arena's FP8 regions, and the products are block-scaled; the modules
+the config names in `modules_to_not_convert`, the norms, the embeddings and the LM head stay as
+stored (bf16).
+
+The arena is sized from the same `config.json` (`ModelConfig.from_hf` ->
+`BufferSizes.from_config`); there is no second size computation. The model itself is
+`jaxarena.models.arena_lm.ArenaLM`, the one implementation the random-weight reference hybrid
+also runs on.
+
+Known differences from transformers: Nemotron-H's chunked prefill in transformers clamps
+softplus(dt) at `time_step_min` while its one-token decode does not; here neither clamps (the
+clamp changes nothing when `time_step_min` is below every softplus(dt)).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxarena import ArenaPlan, BufferSizes, Levers, ModelConfig, Target, record_lifetimes
+from jaxarena.models.arena_lm import Arch, ArenaLM
+from jaxarena.models.checkpoint import Checkpoint, CheckpointError, open_checkpoint
+from jaxarena.testing import count_traces
+
+__all__ = ["CausalLM", "CheckpointError", "load_pretrained", "SUPPORTED_FAMILIES"]
+
+SUPPORTED_FAMILIES = ("llama", "mistral", "qwen3", "mamba2", "nemotron_h")
+_FLOAT_DTYPES = ("BF16", "F16", "F32")
+_GUARD_BYTES = 64
+
+
+# -- config -> architecture ------------------------------------------------------------------------
+
+
+def _unsupported(path: Path, what: str) -> NotImplementedError:
+    return NotImplementedError(f"{path / 'config.json'}: {what}")
+
+
+def _rope_theta(raw: dict[str, Any], path: Path) -> float:
+    rp = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    kind = rp.get("rope_type", rp.get("type", "default")) if isinstance(rp, dict) else "default"
+    if kind != "default":
+        raise _unsupported(path, f"rope_type={kind!r}; only the default RoPE is implemented")
+    theta = (rp.get("rope_theta") if isinstance(rp, dict) else None) or raw.get("rope_theta")
+    return float(theta or 10000.0)
+
+
+def _arch(model_type: str, raw: dict[str, Any], cfg: ModelConfig, path: Path,
+          max_seq_len: int) -> Arch:  # fmt: skip
+    if model_type in ("llama", "mistral", "qwen3"):
+        if raw.get("hidden_act", "silu") != "silu":
+            raise _unsupported(path, f"hidden_act={raw['hidden_act']!r}; only silu is implemented")
+        for flag in ("attention_bias", "mlp_bias"):
+            if raw.get(flag):
+                raise _unsupported(path, f"{flag}=true; biased projections are not implemented")
+        window = raw.get("sliding_window")
+        if window and (model_type != "qwen3" or raw.get("use_sliding_window")) \
+                and window < max_seq_len:  # fmt: skip
+            raise _unsupported(path, f"sliding_window={window} < max_seq_len={max_seq_len}; "
+                               "sliding-window attention is not implemented")  # fmt: skip
+        kinds = set(cfg.layer_types) - {"full_attention"}
+        if kinds:
+            raise _unsupported(path, f"layer_types {sorted(kinds)}; only full_attention")
+        return Arch(blocks=("attention", "mlp") * cfg.num_hidden_layers, mlp="swiglu",
+                    rope=True, rope_theta=_rope_theta(raw, path), qk_norm=model_type == "qwen3",
+                    rms_eps=float(raw.get("rms_norm_eps", 1e-6)),
+                    tie_embeddings=cfg.tie_word_embeddings)  # fmt: skip
+    if model_type not in ("mamba2", "nemotron_h"):
+        raise _unsupported(path, f"model_type={model_type!r} is not supported; supported: "
+                           f"{', '.join(SUPPORTED_FAMILIES)}")  # fmt: skip
+    if cfg.conv_kernel != 4:
+        raise _unsupported(path, f"conv_kernel={cfg.conv_kernel}; only 4 is implemented")
+    if cfg.mamba_proj_bias:
+        raise _unsupported(path, "Mamba projection biases are not implemented")
+    if model_type == "mamba2":
+        if raw.get("hidden_act", "silu") != "silu":
+            raise _unsupported(path, f"hidden_act={raw['hidden_act']!r}; only silu")
+        blocks: tuple[str, ...] = ("mamba",) * cfg.num_hidden_layers
+    else:
+        act = raw.get("mlp_hidden_act", "relu2")
+        if act != "relu2":
+            raise _unsupported(path, f"mlp_hidden_act={act!r}; only relu2 is implemented")
+        names = {"mamba": "mamba", "full_attention": "attention", "attention": "attention",
+                 "mlp": "mlp"}  # fmt: skip
+        other = sorted(set(cfg.layer_types) - names.keys())
+        if other:
+            raise _unsupported(path, f"Nemotron-H blocks {other} (MoE) are not implemented")
+        blocks = tuple(names[k] for k in cfg.layer_types)
+    return Arch(blocks=blocks, mlp="relu2", rope=False,
+                rms_eps=float(raw.get("layer_norm_epsilon", 1e-5)),
+                tie_embeddings=cfg.tie_word_embeddings)  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class _FP8:
+    block: tuple[int, int]
+    skip: tuple[str, ...]
+
+    def quantized(self, module: str) -> bool:
+        # transformers' rule: a module is left unquantized when any listed key is a substring
+        # of its name; the LM head is never quantized.
+        return not any(k in module for k in self.skip) and module != "lm_head"
+
+
+def _fp8_spec(raw: dict[str, Any], path: Path) -> _FP8 | None:
+    q = raw.get("quantization_config")
+    if q is None:
+        return None
+    if not isinstance(q, dict) or q.get("quant_method") != "fp8":
+        method = q.get("quant_method") if isinstance(q, dict) else q
+        raise _unsupported(path, f"quantization_config quant_method={method!r}; only 'fp8'")
+    if q.get("fmt", "e4m3") != "e4m3" or q.get("activation_scheme", "dynamic") != "dynamic":
+        raise _unsupported(path, "FP8 checkpoints other than e4m3 weights with dynamic "
+                           "activation scales are not implemented")  # fmt: skip
+    block = q.get("weight_block_size")
+    if block != [128, 128]:
+        raise _unsupported(path, f"weight_block_size={block!r}; only [128, 128] (one scale per "
+                           "128 x 128 block) is implemented")  # fmt: skip
+    return _FP8(block=(128, 128), skip=tuple(q.get("modules_to_not_convert") or ()))
+
+
+# -- weights -----------------------------------------------------------------------------------------
+
+
+class _Reader:
+    """Takes tensors out of a checkpoint by name, checking presence, shape and dtype."""
+
+    def __init__(self, ckpt: Checkpoint, fp8: _FP8 | None) -> None:
+        self.ckpt, self.fp8 = ckpt, fp8
+        self.used: set[str] = set()
+
+    def _where(self, name: str) -> str:
+        return f"{self.ckpt.path}: tensor {name!r}"
+
+    def raw(self, name: str, shape: tuple[int, ...], dtypes: Sequence[str]) -> np.ndarray:
+        if name not in self.ckpt:
+            raise CheckpointError(f"{self._where(name)} is missing (expected shape "
+                                  f"{list(shape)} from config.json)")  # fmt: skip
+        got = self.ckpt.shape(name)
+        if got != tuple(shape):
+            raise CheckpointError(f"{self._where(name)} in {self.ckpt.file_of(name)} has shape "
+                                  f"{list(got)} but config.json implies {list(shape)}; the "
+                                  "config and the weights disagree")  # fmt: skip
+        dt = self.ckpt.dtype_name(name)
+        if dt not in dtypes:
+            raise CheckpointError(f"{self._where(name)} has dtype {dt}, expected "
+                                  f"{' or '.join(dtypes)}")  # fmt: skip
+        self.used.add(name)
+        return self.ckpt[name]
+
+    def vector(self, name: str, n: int) -> np.ndarray:
+        return np.array(self.raw(name, (n,), _FLOAT_DTYPES))
+
+    def matrix(self, name: str, rows: int, cols: int) -> np.ndarray:
+        return np.array(self.raw(name, (rows, cols), _FLOAT_DTYPES))
+
+    def linear(self, module: str, out: int, inp: int) -> Any:
+        """`[in, out]` float weight, or the FP8 dict `{"w": [out, in], "scale_inv"}`."""
+        name = module + ".weight"
+        if self.fp8 is not None and self.fp8.quantized(module):
+            bo, bi = self.fp8.block
+            w = self.raw(name, (out, inp), ("F8_E4M3",))
+            s = self.raw(module + ".weight_scale_inv", (-(-out // bo), -(-inp // bi)), ("F32",))
+            return {"w": np.array(w), "scale_inv": np.array(s)}
+        return np.ascontiguousarray(self.raw(name, (out, inp), _FLOAT_DTYPES).T)
+
+    def qkv(self, prefix: str, cfg: ModelConfig) -> Any:
+        h, hd = cfg.hidden_size, cfg.head_dim
+        parts = [self.linear(f"{prefix}.{n}_proj", heads * hd, h) for n, heads in
+                 (("q", cfg.num_attention_heads), ("k", cfg.num_key_value_heads),
+                  ("v", cfg.num_key_value_heads))]  # fmt: skip
+        if all(isinstance(p, np.ndarray) for p in parts):
+            return np.concatenate(parts, axis=1)  # one [hidden, (Hq + 2 Hkv) D] matmul
+        return tuple(parts)
+
+    def unused(self) -> list[str]:
+        return sorted(set(self.ckpt) - self.used)
+
+
+def _attention(r: _Reader, prefix: str, cfg: ModelConfig, norm: str, qk_norm: bool) -> dict:
+    hd = cfg.head_dim
+    p = {
+        "norm": r.vector(norm, cfg.hidden_size),
+        "wqkv": r.qkv(prefix, cfg),
+        "wo": r.linear(f"{prefix}.o_proj", cfg.hidden_size, cfg.num_attention_heads * hd),
+    }
+    if qk_norm:
+        p["q_norm"] = r.vector(f"{prefix}.q_norm.weight", hd)
+        p["k_norm"] = r.vector(f"{prefix}.k_norm.weight", hd)
+    return p
+
+
+def _mamba(r: _Reader, prefix: str, cfg: ModelConfig, norm: str) -> dict:
+    h, nh, d_in, d_xbc = (cfg.hidden_size, cfg.mamba_num_heads, cfg.mamba2_d_inner,
+                          cfg.mamba2_d_xbc)  # fmt: skip
+    conv = r.raw(f"{prefix}.conv1d.weight", (d_xbc, 1, 4), _FLOAT_DTYPES)
+    if cfg.mamba_conv_bias:
+        conv_b = r.vector(f"{prefix}.conv1d.bias", d_xbc)
+    else:
+        conv_b = np.zeros((d_xbc,), conv.dtype)
+    return {
+        "norm": r.vector(norm, h),
+        "in_proj": r.linear(f"{prefix}.in_proj", cfg.mamba2_in_proj_size, h),
+        "conv_w": np.ascontiguousarray(conv[:, 0, :].T),
+        "conv_b": conv_b,
+        "dt_bias": r.vector(f"{prefix}.dt_bias", nh),
+        "A_log": r.vector(f"{prefix}.A_log", nh),
+        "D": r.vector(f"{prefix}.D", nh),
+        "gate_norm": r.vector(f"{prefix}.norm.weight", d_in),
+        "out_proj": r.linear(f"{prefix}.out_proj", h, d_in),
+    }
+
+
+def _mlp(r: _Reader, prefix: str, cfg: ModelConfig, norm: str, gated: bool) -> dict:
+    h, inter = cfg.hidden_size, cfg.intermediate_size
+    p = {"norm": r.vector(norm, h)}
+    if gated:
+        p["w_gate"] = r.linear(f"{prefix}.gate_proj", inter, h)
+    p["w_up"] = r.linear(f"{prefix}.up_proj", inter, h)
+    p["w_down"] = r.linear(f"{prefix}.down_proj", h, inter)
+    return p
+
+
+def _read_params(r: _Reader, model_type: str, cfg: ModelConfig, arch: Arch) -> dict[str, Any]:
+    h, v = cfg.hidden_size, cfg.vocab_size
+    layers: list[dict] = []
+    if model_type in ("llama", "mistral", "qwen3"):
+        root = "model"
+        for i in range(cfg.num_hidden_layers):
+            pre = f"{root}.layers.{i}"
+            layers.append(_attention(r, f"{pre}.self_attn", cfg, f"{pre}.input_layernorm.weight",
+                                     arch.qk_norm))  # fmt: skip
+            layers.append(_mlp(r, f"{pre}.mlp", cfg, f"{pre}.post_attention_layernorm.weight",
+                               gated=True))  # fmt: skip
+        embed, final = f"{root}.embed_tokens.weight", f"{root}.norm.weight"
+    else:
+        for i, kind in enumerate(arch.blocks):
+            pre = f"backbone.layers.{i}"
+            norm = f"{pre}.norm.weight"
+            if kind == "mamba":
+                layers.append(_mamba(r, f"{pre}.mixer", cfg, norm))
+            elif kind == "attention":
+                layers.append(_attention(r, f"{pre}.mixer", cfg, norm, False))
+            else:
+                layers.append(_mlp(r, f"{pre}.mixer", cfg, norm, gated=False))
+        embed, final = "backbone.embeddings.weight", "backbone.norm_f.weight"
+    params: dict[str, Any] = {"embed": r.matrix(embed, v, h), "layers": layers,
+                              "final_norm": r.vector(final, h)}  # fmt: skip
+    if arch.tie_embeddings:
+        if "lm_head.weight" in r.ckpt:  # some exports store the tied copy as well
+            r.matrix("lm_head.weight", v, h)
+    else:
+        params["lm_head"] = np.ascontiguousarray(r.matrix("lm_head.weight", v, h).T)
+    return params
+
+
+# -- the loaded model --------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(eq=False)
+class CausalLM:
+    """A checkpoint loaded onto one device with its arena; runs prefill and greedy decoding.
+
+    Holds the device state between calls: the weights (placed once), the arena (allocated
+    once, donated to every step, so its device buffer never moves) and the KV / SSM caches.
+    Not thread-safe.
+
+    Attributes:
+      model: the `ArenaLM` (config, architecture, arena plan, serve limits).
+      params: the weights on the device (see `jaxarena.models.arena_lm`).
+      path, model_type: where the checkpoint came from and its family.
+      fp8: whether the checkpoint's linear weights are FP8 block-quantized.
+      arena_pointer: the device address of the arena buffer at load time.
+      compile_seconds: seconds spent compiling, by step (`"prefill"`, `"prefill_all"`,
+        `"decode"`).
+      last_stats: figures of the last `generate` call (tokens, seconds).
+    """
+
+    model: ArenaLM
+    params: Any
+    path: str
+    model_type: str
+    fp8: bool
+    arena: jax.Array = dataclasses.field(repr=False)
+    caches: Any = dataclasses.field(repr=False)
+    block_tables: jax.Array = dataclasses.field(repr=False)
+    arena_pointer: int = 0
+    compile_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
+    last_stats: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.decode_counter = count_traces(self.model.decode_step)
+        self._compiled: dict[Any, Any] = {}
+
+    # -- figures ----------------------------------------------------------------------------------
+
+    @property
+    def config(self) -> ModelConfig:
+        return self.model.config
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of the weights on the device (FP8 weights count one byte per element)."""
+        return sum(x.nbytes for x in jax.tree.leaves(self.params))
+
+    @property
+    def arena_bytes(self) -> int:
+        return self.model.plan.total_bytes
+
+    @property
+    def cache_bytes(self) -> int:
+        return sum(x.nbytes for x in jax.tree.leaves(self.caches))
+
+    # -- running ----------------------------------------------------------------------------------
+
+    def _run(self, kind: str, fn: Any, *args: Any) -> Any:
+        """Runs `fn(params, arena, caches, *args)` jitted with arena and caches donated,
+        compiling once per argument shape; keeps the returned arena and caches."""
+        key = (kind, tuple(a.shape for a in args))
+        if key not in self._compiled:
+            t0 = time.perf_counter()
+            jitted = jax.jit(fn, donate_argnums=(1, 2))
+            self._compiled[key] = jitted.lower(self.params, self.arena, self.caches,
+                                               *args).compile()  # fmt: skip
+            self.compile_seconds[kind] = self.compile_seconds.get(kind, 0.0) + (
+                time.perf_counter() - t0
+            )
+        out = self._compiled[key](self.params, self.arena, self.caches, *args)
+        self.arena, self.caches = out[0], out[1]
+        return out[2:]
+
+    def _check_ids(self, ids: Any, what: str) -> np.ndarray:
+        a = np.asarray(ids)
+        if a.ndim != 1 or a.size == 0 or not np.issubdtype(a.dtype, np.integer):
+            raise ValueError(f"{what} must be a non-empty list of token ids, got {ids!r}")
+        bad = a[(a < 0) | (a >= self.config.vocab_size)]
+        if bad.size:
+            raise ValueError(f"{what} has token ids {bad[:5].tolist()} outside "
+                             f"[0, vocab_size={self.config.vocab_size})")  # fmt: skip
+        return a.astype(np.int32)
+
+    def _packed(self, prompts: list[np.ndarray]) -> tuple[jax.Array, jax.Array]:
+        """Tokens and cu_seqlens padded to a fixed shape (`max_batch_tokens` tokens,
+        `max_batch_size + 1` sequences) so one compiled prefill serves every call; padding
+        sequences of one token each (the last takes the rest) run in cache rows nobody reads.
+        Falls back to the exact shapes when the padding does not fit."""
+        m = self.model
+        lens = [len(p) for p in prompts]
+        total, s_pad = sum(lens), m.max_batch_size + 1
+        extra = s_pad - len(prompts)
+        if total + extra <= m.max_batch_tokens:
+            fill = m.max_batch_tokens - total
+            lens = lens + [1] * (extra - 1) + [fill - (extra - 1)]
+            prompts = prompts + [np.zeros(n, np.int32) for n in lens[len(prompts) :]]
+        cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+        return jnp.asarray(np.concatenate(prompts)), jnp.asarray(cu)
+
+    def prefill_logits(self, token_ids: Sequence[int]) -> np.ndarray:
+        """The logits of every position of one sequence: `float32 [T, vocab]`.
+
+        `T <= max_batch_tokens`. The values are those the arena's `logits` region holds
+        (bf16). Uses cache row 0 (a later `generate` re-runs its own prefill).
+
+        Raises:
+          ValueError: an empty sequence, ids outside the vocabulary, or more tokens than
+            `max_batch_tokens`.
+        """
+        ids = self._check_ids(token_ids, "token_ids")
+        if ids.size > self.model.max_batch_tokens:
+            raise ValueError(f"{ids.size} tokens exceed max_batch_tokens="
+                             f"{self.model.max_batch_tokens}")  # fmt: skip
+        tokens, cu = self._packed([ids])
+        fn = functools.partial(self.model.prefill, all_logits=True)
+        (logits,) = self._run("prefill_all", fn, tokens, cu, self.block_tables[: cu.shape[0] - 1])
+        return np.asarray(logits[: ids.size], np.float32)
+
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
+                 return_logits: bool = False) -> Any:  # fmt: skip
+        """Greedy continuations of a batch of prompts.
+
+        Prefill runs the prompts packed into one pass; then a decode loop whose jitted step is
+        compiled once (the batch is padded to `max_batch_size` rows) runs `max_new_tokens - 1`
+        steps with the arena and caches donated.
+
+        Args:
+          prompts: 1..max_batch_size lists of token ids, together at most `max_batch_tokens`.
+          max_new_tokens: >= 1; each `len(prompt) + max_new_tokens <= max_seq_len`.
+          return_logits: also return the logits that chose each token.
+
+        Returns:
+          `list[list[int]]`, `max_new_tokens` new tokens per prompt; with `return_logits`,
+          `(tokens, float32[B, max_new_tokens, vocab])`. `last_stats` gets the timings.
+        """
+        m = self.model
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) \
+                or max_new_tokens < 1:  # fmt: skip
+            raise ValueError(f"max_new_tokens={max_new_tokens!r} must be an int >= 1")
+        if not 1 <= len(prompts) <= m.max_batch_size:
+            raise ValueError(f"{len(prompts)} prompts; between 1 and max_batch_size="
+                             f"{m.max_batch_size} are allowed")  # fmt: skip
+        ids = [self._check_ids(p, f"prompts[{i}]") for i, p in enumerate(prompts)]
+        lens = np.array([len(p) for p in ids], np.int32)
+        if lens.sum() > m.max_batch_tokens:
+            raise ValueError(f"the prompts hold {lens.sum()} tokens, more than max_batch_tokens="
+                             f"{m.max_batch_tokens}")  # fmt: skip
+        if lens.max() + max_new_tokens > m.max_seq_len:
+            raise ValueError(f"a prompt of {lens.max()} tokens + max_new_tokens={max_new_tokens}"
+                             f" exceeds max_seq_len={m.max_seq_len}")  # fmt: skip
+        b, rows = len(ids), m.max_batch_size
+        tokens, cu = self._packed(ids)
+        t0 = time.perf_counter()
+        (logits,) = self._run(
+            "prefill", m.prefill, tokens, cu, self.block_tables[: cu.shape[0] - 1]
+        )
+        first = jnp.argmax(logits[:b], -1).astype(jnp.int32)
+        jax.block_until_ready(first)
+        t_prefill = time.perf_counter() - t0
+        active = np.zeros(rows, np.int32)
+        active[:b] = 1
+        pos = np.zeros(rows, np.int32)
+        pos[:b] = lens
+        nxt = jnp.zeros((rows,), jnp.int32).at[:b].set(first)
+        positions, step_active = jnp.asarray(pos), jnp.asarray(active)
+        tables = self.block_tables[:rows]
+        out_tokens, out_logits = [first], [logits[:b]]
+        t0 = time.perf_counter()
+        for _ in range(max_new_tokens - 1):
+            step_logits, nxt = self._run("decode", self.decode_counter, nxt, positions, tables,
+                                         positions + 1)  # fmt: skip
+            positions = positions + step_active
+            out_tokens.append(nxt[:b])
+            if return_logits:
+                out_logits.append(step_logits[:b])
+        result = np.stack([np.asarray(x) for x in out_tokens], 1)
+        t_decode = time.perf_counter() - t0
+        self.last_stats = {
+            "prefill_tokens": int(lens.sum()), "prefill_seconds": t_prefill,
+            "decode_tokens": b * (max_new_tokens - 1), "decode_seconds": t_decode,
+        }  # fmt: skip
+        toks = result.tolist()
+        if return_logits:
+            return toks, np.stack([np.asarray(x, np.float32) for x in out_logits], 1)
+        return toks
+
+
+def load_pretrained(
+    path: str | Path,
+    *,
+    max_batch_tokens: int,
+    max_seq_len: int,
+    kv_block_size: int = 16,
+    max_batch_size: int,
+    target: Target | None = None,
+    levers: Levers | None = None,
+    packed: bool = False,
+    interpret: bool | None = None,
+) -> CausalLM:
+    """Loads a local HuggingFace checkpoint directory onto the default device with its arena.
+
+    Args:
+      path: a directory with `config.json` and `model.safetensors` (or the shards of
+        `model.safetensors.index.json`).
+      max_batch_tokens, max_seq_len, kv_block_size, max_batch_size: the serve limits the
+        arena is sized for (`BufferSizes.from_config`).
+      target, levers: as for `BufferSizes.from_config`; default `gb10` and no levers, so the
+        plan does not depend on the machine or the environment.
+      packed: share bytes between buffers never live together (`ArenaPlan.packed` from the
+        recorded lifetimes of prefill and decode); else every buffer has its own bytes.
+      interpret: Pallas interpret mode (None: on CPU).
+
+    Returns:
+      A `CausalLM` whose weights, arena and caches are on the device.
+
+    Raises:
+      CheckpointError: a missing, truncated or corrupt file; a missing or unexpected tensor;
+        a shape the config does not imply; an unexpected dtype. The message names the tensor
+        and file.
+      ConfigError: an invalid `config.json` (from `ModelConfig.from_hf`) or serve limits.
+      NotImplementedError: a family or feature this implementation does not run.
+    """
+    ckpt = open_checkpoint(path)
+    root = ckpt.path
+    raw = ckpt.config
+    model_type = raw.get("model_type")
+    if model_type not in SUPPORTED_FAMILIES:
+        raise _unsupported(root, f"model_type={model_type!r} is not supported; supported: "
+                           f"{', '.join(SUPPORTED_FAMILIES)}")  # fmt: skip
+    cfg = ModelConfig.from_hf(root / "config.json")
+    arch = _arch(model_type, raw, cfg, root, max_seq_len)
+    reader = _Reader(ckpt, _fp8_spec(raw, root))
+    host = _read_params(reader, model_type, cfg, arch)
+    extra = reader.unused()
+    if extra:
+        raise CheckpointError(f"{root}: {len(extra)} tensor(s) the {model_type} layout does not "
+                              f"use: {extra[:8]}{' ...' if len(extra) > 8 else ''} (does "
+                              "config.json match the weights?)")  # fmt: skip
+    target = target or Target.preset("gb10")
+    levers = levers or Levers()
+    sizes = BufferSizes.from_config(cfg, max_batch_tokens, max_seq_len, kv_block_size,
+                                    max_batch_size, levers=levers, target=target)  # fmt: skip
+    plan = ArenaPlan.sequential(sizes, guard_bytes=_GUARD_BYTES)
+    model = ArenaLM(config=cfg, arch=arch, plan=plan, max_batch_tokens=max_batch_tokens,
+                    max_seq_len=max_seq_len, kv_block_size=kv_block_size,
+                    max_batch_size=max_batch_size, target=target, levers=levers,
+                    interpret=interpret)  # fmt: skip
+    params = jax.device_put(host)  # the one host -> device copy of the weights
+    rows = max_batch_size + 1  # + the padding sequence of a fixed-shape prefill
+    per_seq = -(-max(max_seq_len, max_batch_tokens) // kv_block_size)
+    caches = model.init_caches(num_blocks=rows * per_seq, rows=rows)
+    # Shuffled pages, so the paged reads are exercised as a serving engine would use them.
+    perm = np.random.default_rng(0).permutation(rows * per_seq).astype(np.int32)
+    tables = jnp.asarray(perm.reshape(rows, per_seq))
+    if packed:
+        plan = _packed_plan(model, sizes, params, caches, tables)
+        model = dataclasses.replace(model, plan=plan)
+    arena = model.plan.allocate()
+    return CausalLM(model=model, params=params, path=str(root), model_type=model_type,
+                    fp8=reader.fp8 is not None, arena=arena, caches=caches, block_tables=tables,
+                    arena_pointer=arena.unsafe_buffer_pointer())  # fmt: skip
+
+
+def _packed_plan(model: ArenaLM, sizes: BufferSizes, params, caches, tables) -> ArenaPlan:
+    """A packed plan from the recorded lifetimes of prefill (all-token logits, the larger
+    write) and decode."""
+    arena = jax.ShapeDtypeStruct(model.plan.arena_shape, jnp.uint8)
+    t, s = model.max_batch_tokens, model.max_batch_size + 1
+    tok = jax.ShapeDtypeStruct((t,), jnp.int32)
+    cu = jax.ShapeDtypeStruct((s + 1,), jnp.int32)
+    rows = jax.ShapeDtypeStruct((model.max_batch_size,), jnp.int32)
+    lt = record_lifetimes(functools.partial(model.prefill, all_logits=True), params, arena,
+                          caches, tok, cu, tables[:s], mode="prefill")  # fmt: skip
+    lt = lt | record_lifetimes(model.decode_step, params, arena, caches, rows, rows,
+                               tables[: model.max_batch_size], rows, mode="decode")  # fmt: skip
+    plan = ArenaPlan.packed(sizes, lt, guard_bytes=_GUARD_BYTES)
+    plan.validate(lt)
+    return plan
