@@ -16,7 +16,7 @@ import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from jaxarena import (
     ArenaError,
@@ -47,6 +47,34 @@ DEFAULT_LIMITS = {
 
 class CliError(Exception):
     """A user error: printed as one line, exit status 2."""
+
+
+# Errors that mean "the input was wrong", not "jaxarena has a bug": `main` prints each as one
+# line and exits with status 2. (ConfigError and ArenaError are ValueErrors; ImportError is a
+# missing optional extra such as matplotlib; MemoryError / OverflowError a size past the machine.)
+EXPECTED_ERRORS = (
+    CliError, ConfigError, ArenaError, ValueError, OSError, NotImplementedError, ImportError,
+    MemoryError, OverflowError,
+)  # fmt: skip
+
+# No count the CLI takes (tokens, sequences, degrees, bytes of alignment) is meaningful past
+# 2^62; a larger one is a typo, refused up front instead of overflowing a float downstream.
+MAX_CLI_INT = 1 << 62
+
+# `jaxarena demo` limits, stated in --help and checked before anything is built.
+DEMO_MAX_STEPS = 1 << 16
+DEMO_MAX_BATCH = 4096
+DEMO_MAX_SEED = (1 << 32) - 1
+
+
+class _Parser(argparse.ArgumentParser):
+    """An `ArgumentParser` whose usage errors are one line plus a hint, exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        message = " ".join(message.split())
+        if len(message) > 300:
+            message = message[:297] + "..."
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
 
 def _load_model(spec: str | None):
@@ -309,7 +337,51 @@ def _fit_arena_only(args: argparse.Namespace) -> int:
     return 0
 
 
+def _available_memory() -> int | None:
+    """Bytes of host memory available now (Linux `MemAvailable`), else None."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def demo_memory_estimate(steps: int, batch: int) -> int:
+    """Bytes `jaxarena demo` needs at most: f32 weights, the arena, every sequence's KV cache and
+    states at full length (prompts of up to 16 tokens + `steps`), and the host-side tokens."""
+    from jaxarena.models.demo import DEMO_PRESET
+
+    config = ModelConfig.preset(DEMO_PRESET)
+    budget = MemoryBudget(
+        config=config, memory_bytes=1 << 59, max_batch_tokens=16 * batch,
+        max_seq_len=16 + steps, kv_block_size=16, max_batch_size=batch, reserve=0,
+        levers=Levers(), target=Target.preset("gb10"),
+    )  # fmt: skip
+    host = steps * (batch * 4 + 128)  # one small numpy array of tokens per step
+    return 2 * budget.weight_bytes + budget.arena_bytes + batch * budget.sequence_bytes + host
+
+
+def _check_demo(args: argparse.Namespace) -> None:
+    for flag, value, lo, hi in (
+        ("--steps", args.steps, 1, DEMO_MAX_STEPS),
+        ("--batch", args.batch, 1, DEMO_MAX_BATCH),
+        ("--seed", args.seed, 0, DEMO_MAX_SEED),
+    ):
+        if not lo <= value <= hi:
+            raise CliError(f"{flag} {value} is outside the demo's range {lo}..{hi:,}")
+    need, have = demo_memory_estimate(args.steps, args.batch), _available_memory()
+    if have is not None and need > have // 2:
+        raise CliError(
+            f"demo --steps {args.steps} --batch {args.batch} needs about {format_bytes(need)}, "
+            f"more than half of the {format_bytes(have)} of memory available; lower them"
+        )
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
+    _check_demo(args)
     return run_demo(steps=args.steps, batch=args.batch, seed=args.seed)
 
 
@@ -368,7 +440,7 @@ def _add_budget_options(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="jaxarena",
         description="Size, plan and try out a static LLM inference workspace arena.",
     )
@@ -407,22 +479,57 @@ def build_parser() -> argparse.ArgumentParser:
     _add_limits(f, with_tokens=False, batch_default=None)
     f.set_defaults(func=cmd_fit)
     d = sub.add_parser("demo", help="run the reference hybrid model's decode loop on the arena")
-    d.add_argument("--steps", type=int, default=32, help="decode steps (default %(default)s)")
-    d.add_argument("--batch", type=int, default=4, help="sequences (default %(default)s)")
-    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--steps", type=int, default=32,
+                   help=f"decode steps, 1..{DEMO_MAX_STEPS} (default %(default)s)")  # fmt: skip
+    d.add_argument("--batch", type=int, default=4,
+                   help=f"sequences, 1..{DEMO_MAX_BATCH} (default %(default)s)")  # fmt: skip
+    d.add_argument("--seed", type=int, default=0,
+                   help=f"random seed, 0..{DEMO_MAX_SEED} (default %(default)s)")  # fmt: skip
     d.set_defaults(func=cmd_demo)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the `jaxarena` console script; returns the exit status."""
-    args = build_parser().parse_args(argv)
+    """Entry point of the `jaxarena` console script; returns the exit status.
+
+    Exit status 2 with ONE line on stderr for every input error: argparse usage errors (with a
+    `--help` hint), a count past `MAX_CLI_INT`, and every `EXPECTED_ERRORS` a command raises.
+    """
+    parser = build_parser()
     try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help (0) or a usage error (2, already printed as one line)
+        return e.code if isinstance(e.code, int) else 2
+    try:
+        _check_args(args)
         return args.func(args)
-    except (CliError, ConfigError, ArenaError, ValueError, OSError, NotImplementedError) as e:
-        message = str(e).strip().replace("\n", " ")
-        print(f"jaxarena: error: {message}", file=sys.stderr)
+    except EXPECTED_ERRORS as e:
+        print(f"jaxarena: error: {_one_line(e)}", file=sys.stderr)
         return 2
+
+
+def _one_line(e: BaseException) -> str:
+    message = " ".join(str(e).split()) or type(e).__name__
+    return message if len(message) <= 1000 else message[:997] + "..."
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    """Checks every subcommand shares, before any work: int options within `MAX_CLI_INT`, and
+    matplotlib present when `--plot` asks for a picture."""
+    for dest, value in sorted(vars(args).items()):
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_CLI_INT:
+            shown = (
+                str(value)
+                if len(str(value)) <= 24
+                else f"{str(value)[:20]}... ({len(str(value))} digits)"
+            )
+            raise CliError(
+                f"--{dest.replace('_', '-')} {shown} is beyond 2^62; no count is that large"
+            )
+    if getattr(args, "plot", None):
+        from jaxarena._figure import pyplot
+
+        pyplot()  # ImportError naming the extra to install, before anything is computed
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import dataclasses
 from typing import Any, Literal
 
 from jaxarena import workspaces as W
+from jaxarena._config.hf_json import show
 from jaxarena._config.levers import Levers
 from jaxarena._config.model import ModelConfig
 from jaxarena._config.target import Target
@@ -33,6 +34,10 @@ _PLACEHOLDER = 256
 _SEED_TOTAL_EXCLUDES = frozenset({"o_latent", "norm_unit_w"})
 
 
+# The largest serve limit: no memory holds 2^62 tokens' worth of anything.
+MAX_LIMIT = 1 << 62
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ServeLimits:
     """The serve limits the arena is sized for.
@@ -43,6 +48,9 @@ class ServeLimits:
       kv_block_size: paged-KV block size in tokens; 0 means "no paging" and the seed then
         reserves 256 block-table entries.
       max_batch_size: sequence slots of the serve, >= 1; sets the decode-metadata rows.
+
+    Every limit is at most `MAX_LIMIT` (2^62): past it no arena fits any memory, and sizes
+    would stop being float-printable.
     """
 
     max_batch_tokens: int
@@ -63,6 +71,8 @@ class ServeLimits:
                 problems.append(f"{name}={v!r} must be an int")
             elif v < lo:
                 problems.append(f"{name}={v} must be >= {lo}")
+            elif v > MAX_LIMIT:
+                problems.append(f"{name}={show(v)} is beyond 2^62, more than any memory holds")
         if problems:
             raise ConfigError("invalid serve limits:\n  - " + "\n  - ".join(problems))
 
