@@ -299,6 +299,8 @@ def draw_plan(
             ax.axhline(plan.total_bytes, color="black", lw=0.9, gid="plan_total")
         ax.set_title(p.title, fontsize=8)
         ax.set_ylim(0, y_max)
+        for t in binary_ticks(y_max)[1][1:]:  # faint lines at the ticks, in every panel
+            ax.axhline(t, color="0.9", lw=0.5, zorder=0)
         if first is None:
             first = ax
             _, ticks = binary_ticks(y_max)
