@@ -1,8 +1,9 @@
-"""Kernel body: one row tile by one column block of FP8 block-scaled quantization.
+"""Kernel arithmetic of FP8 block-scaled quantization, shared by the standalone and arena kernels.
 
-Each grid step reads `x[rows, block]`, computes one scale per row from the block's max |x|,
-and writes the e4m3 bits (as `uint8`) and the scales. Padding, block shapes and the grid
-live in `ops.py`; this file holds the algorithm only.
+Per row and `block_size` columns: `amax = max|x|` (f32), `scale = max(amax, 1e-4) / 448` by a
+correctly rounded division (`"ue8m0"`: then rounded up to a power of two), and
+`q = e4m3fn(clamp(x * (1 / scale), -448, 448))`. The fused gated-MLP form first computes
+`x = silu(gate) * up` in f32. Grids, block shapes and addressing live in `ops.py`.
 """
 
 from __future__ import annotations
@@ -11,18 +12,20 @@ import jax
 import jax.numpy as jnp
 from jax.experimental.pallas import triton as plgpu
 
-__all__ = ["AMAX_FLOOR", "FP8_E4M3_MAX", "fp8_block_quant_kernel"]
+__all__ = [
+    "AMAX_FLOOR",
+    "FP8_E4M3_MAX",
+    "activation",
+    "block_scale",
+    "fp8_block_quant_kernel",
+    "quantize_bits",
+    "reciprocal",
+]
 
 # e4m3fn's largest finite value; the scale maps a block's max |x| onto it.
 FP8_E4M3_MAX = 448.0
 # Floor on max |x| so an all-zero block gets a finite, non-zero scale.
 AMAX_FLOOR = 1e-4
-# Why products and one reciprocal instead of two divisions: XLA's algebraic simplifier
-# rewrites `a / 448` into `a * f32(1/448)` and `x / broadcast(s)` into `x * broadcast(1/s)`,
-# so that is what any jnp code (the reference, interpret mode) computes for "amax / 448" and
-# "x / scale". Writing the products explicitly makes the compiled Triton kernel compute the
-# same bits. For ue8m0 scales 1/scale is a power of two and x * (1/scale) == x / scale exactly.
-_INV_FP8_E4M3_MAX = 1.0 / FP8_E4M3_MAX
 
 # ue8m0 rounding of a positive normal f32 `s` up to a power of two, on its bits: adding
 # 2**23 - 1 carries into the exponent exactly when the mantissa field is non-zero, and the mask
@@ -33,52 +36,90 @@ _MANTISSA_ONES = 0x007FFFFF
 _EXPONENT_MASK = 0x7F800000
 
 
-def _reciprocal(den: jax.Array, *, ptx_reciprocal: bool) -> jax.Array:
+def _asm(code: str, *args: jax.Array) -> jax.Array:
+    constraints = "=f," + ",".join("f" for _ in args)
+    [out] = plgpu.elementwise_inline_asm(
+        code,
+        args=list(args),
+        constraints=constraints,
+        pack=1,
+        result_shape_dtypes=[jax.ShapeDtypeStruct(args[0].shape, jnp.float32)],
+    )
+    return out
+
+
+def reciprocal(den: jax.Array, *, ptx: bool) -> jax.Array:
     """Correctly rounded f32 `1 / den`.
 
     Triton lowers `/` on f32 to PTX `div.full.f32` (up to 2 ulp off), which would change the
     e4m3 rounding of values next to a rounding boundary; `rcp.rn.f32` is the IEEE reciprocal
     XLA computes, so compiled and reference results agree bit for bit. Interpret mode runs on
-    XLA, whose `1 / den` is already correctly rounded.
+    XLA, whose `1 / den` is already correctly rounded; the barrier keeps its simplifier from
+    rewriting `1 / (a / b)` into `b / a` when `den` is itself a quotient.
     """
-    if not ptx_reciprocal:
-        return 1.0 / den
-    [out] = plgpu.elementwise_inline_asm(
-        "rcp.rn.f32 $0, $1;",
-        args=[den],
-        constraints="=f,f",
-        pack=1,
-        result_shape_dtypes=[jax.ShapeDtypeStruct(den.shape, jnp.float32)],
-    )
-    return out
+    if not ptx:
+        return 1.0 / jax.lax.optimization_barrier(den)
+    return _asm("rcp.rn.f32 $0, $1;", den)
 
 
-def fp8_block_quant_kernel(
-    x_ref,
-    q_ref,
-    scale_ref,
-    *,
-    scale_format: str,
-    ptx_reciprocal: bool,
-) -> None:
-    """Quantizes one `[rows, block]` tile.
+def _divide_by_448(a: jax.Array, *, ptx: bool) -> jax.Array:
+    """Correctly rounded f32 `a / 448` (the PyTorch/Triton peers' `amax / 448.0`).
 
-    Refs: `x_ref` `[rows, block]` (bf16/f16/f32), `q_ref` `[rows, block]` `uint8` (the e4m3fn
-    bits), `scale_ref` `[rows, 1]` `float32`. Zero columns (padding) leave max |x| unchanged.
-
-    Static: `scale_format` is `"f32"` or `"ue8m0"`; `ptx_reciprocal` selects the PTX IEEE reciprocal
-    (compiled CUDA) instead of `1 / s` (interpret mode).
+    Neither backend divides when asked plainly: XLA's algebraic simplifier rewrites a division
+    by a constant or a broadcast into a product with the reciprocal (`a * f32(1/448)` differs
+    from `a / 448` in about half the values), and Triton emits the approximate
+    `div.full.f32`. Compiled: PTX `div.rn.f32`. Interpret mode: the divisor is a full array
+    behind an optimization barrier, which XLA cannot see as a constant, so it divides (IEEE).
     """
-    x = x_ref[...].astype(jnp.float32)
-    amax = jnp.max(jnp.abs(x), axis=1, keepdims=True)
-    scale = jnp.maximum(amax, AMAX_FLOOR) * _INV_FP8_E4M3_MAX
+    if ptx:
+        return _asm("div.rn.f32 $0, $1, $2;", a, jnp.full(a.shape, FP8_E4M3_MAX, jnp.float32))
+    den = jax.lax.optimization_barrier(jnp.full(a.shape, FP8_E4M3_MAX, jnp.float32))
+    return a / den
+
+
+def block_scale(amax: jax.Array, *, scale_format: str, ptx: bool) -> jax.Array:
+    """`max(amax, 1e-4) / 448` correctly rounded; `"ue8m0"`: rounded up to a power of two."""
+    scale = _divide_by_448(jnp.maximum(amax, AMAX_FLOOR), ptx=ptx)
     if scale_format == "ue8m0":
         bits = jax.lax.bitcast_convert_type(scale, jnp.int32)
         bits = (bits + _MANTISSA_ONES) & _EXPONENT_MASK
         scale = jax.lax.bitcast_convert_type(bits, jnp.float32)
-    y = x * _reciprocal(scale, ptx_reciprocal=ptx_reciprocal)
+    return scale
+
+
+def activation(gate: jax.Array, up: jax.Array | None) -> jax.Array:
+    """`gate` as f32, or `silu(gate) * up` (f32, no intermediate rounding) when `up` is given."""
+    g = gate.astype(jnp.float32)
+    if up is None:
+        return g
+    return g / (1.0 + jnp.exp(-g)) * up.astype(jnp.float32)
+
+
+def quantize_bits(x: jax.Array, inv_scale: jax.Array) -> jax.Array:
+    """e4m3fn bits (`uint8`) of `clamp(x * inv_scale, -448, 448)`, round to nearest even."""
     # The f32 -> e4m3fn conversion does not saturate on every backend (NaN beyond 464 on the
     # CPU), and x / scale can exceed 448 by the f32 roundings of the scale: clamp explicitly.
-    y = jnp.clip(y, -FP8_E4M3_MAX, FP8_E4M3_MAX)
-    q_ref[...] = jax.lax.bitcast_convert_type(y.astype(jnp.float8_e4m3fn), jnp.uint8)
+    y = jnp.clip(x * inv_scale, -FP8_E4M3_MAX, FP8_E4M3_MAX)
+    return jax.lax.bitcast_convert_type(y.astype(jnp.float8_e4m3fn), jnp.uint8)
+
+
+def fp8_block_quant_kernel(*refs, scale_format: str, ptx: bool, fused: bool) -> None:
+    """Quantizes one `[rows, block]` tile (the standalone form's kernel).
+
+    Refs: `x_ref` (and `up_ref` when `fused`) `[rows, block]` bf16/f16/f32, then `q_ref`
+    `[rows, block]` `uint8` (the e4m3fn bits) and `scale_ref` `[rows, 1]` `float32`. Zero
+    columns (padding) leave max |x| unchanged (silu(0) * 0 = 0 as well).
+
+    Static: `scale_format` is `"f32"` or `"ue8m0"`; `ptx` selects the PTX IEEE division and
+    reciprocal (compiled CUDA) instead of their XLA spellings (interpret mode).
+    """
+    if fused:
+        x_ref, up_ref, q_ref, scale_ref = refs
+        x = activation(x_ref[...], up_ref[...])
+    else:
+        x_ref, q_ref, scale_ref = refs
+        x = activation(x_ref[...], None)
+    amax = jnp.max(jnp.abs(x), axis=1, keepdims=True)
+    scale = block_scale(amax, scale_format=scale_format, ptx=ptx)
+    q_ref[...] = quantize_bits(x, reciprocal(scale, ptx=ptx))
     scale_ref[...] = scale

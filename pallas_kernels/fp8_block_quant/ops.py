@@ -1,8 +1,26 @@
-"""Public wrappers: FP8 block-scaled activation quantization, standalone and into an arena.
+"""Public wrappers: FP8 block-scaled activation quantization, standalone and in the arena.
 
-DeepSeek-V3 style 1 x `block_size` groups: for every row and every `block_size` columns of
-`x[M, K]`, `amax = max|x|` (f32), `scale = max(amax, 1e-4) / 448` (`"ue8m0"`: rounded up to a
-power of two), `q = e4m3fn(clamp(x / scale, -448, 448))`, round to nearest even.
+DeepSeek-V3 style 1 x `block_size` groups (32, 64 or 128 in the models; any positive multiple
+of 16 works): for every row and every `block_size` columns of `x[M, K]`, `amax = max|x|` (f32),
+`scale = max(amax, 1e-4) / 448` correctly rounded (`"ue8m0"`: rounded up to a power of two),
+`q = e4m3fn(clamp(x * (1 / scale), -448, 448))`, round to nearest even. The fused gated-MLP
+forms quantize `silu(gate) * up` (f32) in the same pass.
+
+Scale layouts (`scale_layout`):
+  - `"row"`: `float32[M, nb]`, one row of scales per token (standalone only);
+  - `"col"`: `float32[nb, align4(M)]`, token index contiguous (DeepGEMM's MN-major,
+    TMA-aligned f32 layout, `get_mn_major_tma_aligned_tensor`);
+  - `"packed_ue8m0"`: `int32[ceil(nb / 4), align4(M)]`, four UE8M0 exponents per word (byte
+    `b` of word `w` is the biased f32 exponent, `bits >> 23`, of group `4w + b`), token index
+    contiguous: the layout DeepGEMM's SM100 kernels read
+    (`get_mn_major_tma_aligned_packed_ue8m0_tensor`). Needs `scale_format="ue8m0"`.
+Rows past M (up to `align4(M)`, or `ceil16(M)` in the arena) are quantized as zero rows
+(zeros, the floor scale); exponent bytes of groups past `nb` in the last word are 0, as
+DeepGEMM pads them.
+
+The arena forms write straight into the arena: the WHOLE arena goes into the `pallas_call`
+aliased to its output (`memory_space=pl.ANY`), viewed as 32-bit words, and the kernel stores
+each value at its place in the regions; no temporary grows with the shapes.
 """
 
 from __future__ import annotations
@@ -17,97 +35,114 @@ from jax.experimental.pallas import triton as plgpu
 
 from jaxarena import workspaces
 from jaxarena.workspaces import FP8_ACT_REGIONS
-from pallas_kernels._args import is_int, resolve_interpret
-from pallas_kernels.fp8_block_quant.kernel import fp8_block_quant_kernel
+from pallas_kernels._args import check_rank, is_int, resolve_interpret
+from pallas_kernels.fp8_block_quant.kernel import (
+    activation,
+    block_scale,
+    fp8_block_quant_kernel,
+    quantize_bits,
+    reciprocal,
+)
 
 __all__ = [
+    "FFN_ACT_REGIONS",
     "FP8_ACT_REGIONS",
     "SCALE_FORMATS",
+    "SCALE_LAYOUTS",
     "fp8_block_quant",
     "fp8_block_quant_into",
+    "fp8_silu_mul_quant",
+    "fp8_silu_mul_quant_into",
 ]
 
 SCALE_FORMATS: tuple[str, ...] = ("f32", "ue8m0")
 """Accepted `scale_format` values."""
+
+SCALE_LAYOUTS: tuple[str, ...] = ("row", "col", "packed_ue8m0")
+"""Accepted `scale_layout` values (the arena forms take `"col"` and `"packed_ue8m0"`)."""
+
+FFN_ACT_REGIONS: tuple[str, str, str] = ("ffn_act_a", "ffn_act_scale", "ffn_act_scale_kmajor")
+"""The seed's dense-FFN FP8 activation regions (the down projection's input)."""
 
 _SUPPORTED_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 # Triton tiles must be powers of two; the widest tile we compile is this many elements, which
 # bounds the block width (a tile of one row) and sets the row tile (8192 / width, at most 64).
 _MAX_TILE_ELEMENTS = 8192
 _MAX_ROW_TILE = 64
+# The arena as 32-bit words: `uint8[rows, 256]` is passed as `uint32[rows, 64]`.
+_ROW_BYTES = 256
+_WORD = 4
+_WORDS_PER_ROW = _ROW_BYTES // _WORD
+_I32_LIMIT = 2**31
+_PACK_TILE = 128  # tokens per grid step of the UE8M0 packing pass
+
+
+def _align4(m: int) -> int:
+    return -(-m // 4) * 4
+
+
+def _check_x(name: str, x: Any) -> tuple[int, int]:
+    m, k = check_rank(name, x, 2, "[M, K] (tokens x features); reshape leading dims into M")
+    dtype = jnp.dtype(x.dtype)
+    if not jnp.issubdtype(dtype, jnp.floating):
+        raise ValueError(
+            f"{name} must be a floating array (bfloat16, float16 or float32), got "
+            f"{name}.dtype={dtype}"
+        )
+    if dtype not in _SUPPORTED_DTYPES:
+        raise NotImplementedError(
+            f"{name}.dtype={dtype} is not supported; use bfloat16, float16 or float32"
+        )
+    return m, k
 
 
 def _validate(
     x: Any,
+    up: Any = None,
     *,
+    fused: bool = False,
     block_size: Any,
     scale_format: Any,
-    arena: Any = None,
-    plan: Any = None,
-    regions: Any = FP8_ACT_REGIONS,
-) -> None:
-    """Checks every argument of both entry points; raises before anything is traced.
+    scale_layout: Any,
+    arena_form: bool = False,
+) -> tuple[int, int]:
+    """Checks the arguments both entry points share; raises before anything is traced.
 
-    Raises:
-      ValueError: `x` is not 2-D or not floating; `block_size` is not a positive multiple of
-        16; `scale_format` is unknown; (arena form) a region is missing or too small for the
-        bytes written, or `arena` is not the plan's `uint8` arena.
-      NotImplementedError: valid input the kernel does not handle (a float dtype other than
-        f32/bf16/f16, a block wider than the largest tile).
+    Returns `(M, K)`.
     """
-    shape = getattr(x, "shape", None)
-    dtype = getattr(x, "dtype", None)
-    if shape is None or dtype is None:
-        raise ValueError(f"x must be an array with .shape and .dtype, got {type(x).__name__}")
-    if len(shape) != 2:
-        raise ValueError(
-            f"x must be 2-D [M, K] (tokens x features), got x.shape={tuple(shape)}; "
-            "reshape leading dimensions into M first"
-        )
-    dtype = jnp.dtype(dtype)
-    if not jnp.issubdtype(dtype, jnp.floating):
-        raise ValueError(
-            f"x must be a floating array (bfloat16, float16 or float32), got x.dtype={dtype}"
-        )
+    names = ("gate", "up") if fused else ("x",)
+    m, k = _check_x(names[0], x)
+    if fused:
+        if _check_x("up", up) != (m, k) or jnp.dtype(up.dtype) != jnp.dtype(x.dtype):
+            raise ValueError(
+                f"gate and up must have the same shape and dtype, got gate "
+                f"{jnp.dtype(x.dtype)}{[m, k]} and up {jnp.dtype(up.dtype)}{list(up.shape)}"
+            )
     if not is_int(block_size):
         raise ValueError(f"block_size must be an int, got {block_size=!r}")
     if block_size <= 0 or block_size % 16:
-        raise ValueError(f"block_size must be a positive multiple of 16, got {block_size=}")
+        raise ValueError(
+            f"block_size must be a positive multiple of 16 (32, 64, 128 in practice), got "
+            f"{block_size=}"
+        )
     if not isinstance(scale_format, str) or scale_format not in SCALE_FORMATS:
         raise ValueError(f"scale_format must be one of {SCALE_FORMATS}, got {scale_format=!r}")
-    if dtype not in _SUPPORTED_DTYPES:
-        raise NotImplementedError(
-            f"x.dtype={dtype} is not supported; use bfloat16, float16 or float32"
+    layouts = ("col", "packed_ue8m0") if arena_form else SCALE_LAYOUTS
+    if not isinstance(scale_layout, str) or scale_layout not in layouts:
+        raise ValueError(
+            f"scale_layout must be one of {layouts}, got {scale_layout=!r}"
+            + ("; the arena form always writes the row-major scales too" if arena_form else "")
+        )
+    if scale_layout == "packed_ue8m0" and scale_format != "ue8m0":
+        raise ValueError(
+            f"scale_layout='packed_ue8m0' stores exponents only and needs "
+            f"scale_format='ue8m0', got {scale_format=!r}"
         )
     if pl.next_power_of_2(int(block_size)) > _MAX_TILE_ELEMENTS:
         raise NotImplementedError(
             f"{block_size=} is wider than the largest tile ({_MAX_TILE_ELEMENTS} columns)"
         )
-    if plan is None:
-        return
-
-    if (
-        not isinstance(regions, tuple | list)
-        or len(regions) != 3
-        or not all(isinstance(r, str) for r in regions)
-    ):
-        raise ValueError(
-            f"regions must be three region names (q, scales, k-major scales), got {regions=!r}"
-        )
-    if not callable(getattr(plan, "check_fits", None)):
-        raise ValueError(f"plan must be a jaxarena.ArenaPlan, got {type(plan).__name__}")
-    m, k = (int(d) for d in shape)
-    rows = workspaces.fp8_rows(m)
-    num_blocks = workspaces.fp8_scale_cols(k, int(block_size))
-    q_name, scale_name, kmajor_name = regions
-    note = f"x.shape={(m, k)} with {block_size=}: {rows} rows = ceil16(M)"
-    plan.check_fits(
-        (q_name, (rows, k), jnp.uint8, note),
-        (scale_name, (rows, num_blocks), jnp.float32, note),
-        (kmajor_name, (num_blocks, rows), jnp.float32, note),
-        arena=arena,
-        what="fp8_block_quant_into",
-    )
+    return m, k
 
 
 def _row_tile(m: int, block_width: int) -> int:
@@ -121,9 +156,18 @@ def _row_tile(m: int, block_width: int) -> int:
     return min(cap, pl.next_power_of_2(m))
 
 
+# -- standalone ------------------------------------------------------------------------------
+
+
 @functools.partial(jax.jit, static_argnames=("num_rows", "block_size", "scale_format", "interpret"))
 def _quantize(
-    x: jax.Array, *, num_rows: int, block_size: int, scale_format: str, interpret: bool
+    x: jax.Array,
+    up: jax.Array | None,
+    *,
+    num_rows: int,
+    block_size: int,
+    scale_format: str,
+    interpret: bool,
 ) -> tuple[jax.Array, jax.Array]:
     """Returns `(q_bits uint8[num_rows, K], scales f32[num_rows, nb])`; rows >= M are zeros."""
     m, k = x.shape
@@ -132,25 +176,27 @@ def _quantize(
     width = pl.next_power_of_2(block_size)
     tile = _row_tile(num_rows, width)
     rows_padded = pl.cdiv(num_rows, tile) * tile
-    # Zero padding: zero rows quantize to zeros with the floor scale, zero columns leave each
-    # block's max |x| unchanged.
-    xp = jnp.pad(x, ((0, rows_padded - m), (0, num_blocks * block_size - k)))
-    if width != block_size:
-        xp = xp.reshape(rows_padded, num_blocks, block_size)
-        xp = jnp.pad(xp, ((0, 0), (0, 0), (0, width - block_size)))
-        xp = xp.reshape(rows_padded, num_blocks * width)
 
+    def pad(a):
+        # Zero padding: zero rows quantize to zeros with the floor scale, zero columns leave
+        # each block's max |x| unchanged (silu(0) * 0 = 0).
+        a = jnp.pad(a, ((0, rows_padded - m), (0, num_blocks * block_size - k)))
+        if width != block_size:
+            a = a.reshape(rows_padded, num_blocks, block_size)
+            a = jnp.pad(a, ((0, 0), (0, 0), (0, width - block_size)))
+            a = a.reshape(rows_padded, num_blocks * width)
+        return a
+
+    inputs = [pad(x)] if up is None else [pad(x), pad(up)]
     kernel = functools.partial(
-        fp8_block_quant_kernel, scale_format=scale_format, ptx_reciprocal=not interpret
+        fp8_block_quant_kernel, scale_format=scale_format, ptx=not interpret, fused=up is not None
     )
+    spec = pl.BlockSpec((tile, width), lambda i, j: (i, j))
     q_bits, scales = pl.pallas_call(
         kernel,
         grid=(rows_padded // tile, num_blocks),
-        in_specs=[pl.BlockSpec((tile, width), lambda i, j: (i, j))],
-        out_specs=[
-            pl.BlockSpec((tile, width), lambda i, j: (i, j)),
-            pl.BlockSpec((tile, 1), lambda i, j: (i, j)),
-        ],
+        in_specs=[spec] * len(inputs),
+        out_specs=[spec, pl.BlockSpec((tile, 1), lambda i, j: (i, j))],
         out_shape=[
             jax.ShapeDtypeStruct((rows_padded, num_blocks * width), jnp.uint8),
             jax.ShapeDtypeStruct((rows_padded, num_blocks), jnp.float32),
@@ -160,12 +206,56 @@ def _quantize(
         # and the kernel's PTX inline assembly is Triton's. A memory-bound elementwise tile
         # has no loop to pipeline, so one stage.
         compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
-        name="fp8_block_quant",
-    )(xp)
+        name="fp8_silu_mul_quant" if up is not None else "fp8_block_quant",
+    )(*inputs)
     if width != block_size:
         q_bits = q_bits.reshape(rows_padded, num_blocks, width)[:, :, :block_size]
         q_bits = q_bits.reshape(rows_padded, num_blocks * block_size)
     return q_bits[:num_rows, :k], scales[:num_rows]
+
+
+def _pack_ue8m0(scales: jax.Array) -> jax.Array:
+    """`float32[R, nb]` power-of-two scales -> `int32[ceil(nb / 4), R]` packed exponents."""
+    r, nb = scales.shape
+    exps = jax.lax.shift_right_logical(jax.lax.bitcast_convert_type(scales, jnp.uint32), 23)
+    exps = jnp.pad(exps, ((0, 0), (0, -nb % 4))).reshape(r, -1, 4)
+    words = exps[..., 0] | exps[..., 1] << 8 | exps[..., 2] << 16 | exps[..., 3] << 24
+    return jax.lax.bitcast_convert_type(words, jnp.int32).T
+
+
+def _standalone(x, up, *, block_size, scale_format, scale_layout, interpret):
+    m, k = _validate(
+        x,
+        up,
+        fused=up is not None,
+        block_size=block_size,
+        scale_format=scale_format,
+        scale_layout=scale_layout,
+    )
+    interpret = resolve_interpret(interpret)
+    rows = m if scale_layout == "row" else _align4(m)
+    nb = pl.cdiv(k, int(block_size))
+    if m == 0 or k == 0:
+        q = jnp.zeros((m, k), jnp.float8_e4m3fn)
+        if scale_layout == "row":
+            return q, jnp.zeros((m, nb), jnp.float32)
+        if scale_layout == "col":
+            return q, jnp.zeros((nb, rows), jnp.float32)
+        return q, jnp.zeros((pl.cdiv(nb, 4), rows), jnp.int32)
+    q_bits, scales = _quantize(
+        x,
+        up,
+        num_rows=rows,
+        block_size=int(block_size),
+        scale_format=scale_format,
+        interpret=interpret,
+    )
+    q = jax.lax.bitcast_convert_type(q_bits[:m], jnp.float8_e4m3fn)
+    if scale_layout == "col":
+        scales = scales.T
+    elif scale_layout == "packed_ue8m0":
+        scales = _pack_ue8m0(scales)
+    return q, scales
 
 
 def fp8_block_quant(
@@ -173,50 +263,374 @@ def fp8_block_quant(
     *,
     block_size: int = 128,
     scale_format: str = "f32",
+    scale_layout: str = "row",
     interpret: bool | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Quantizes activations to FP8 e4m3 with one scale per row and `block_size` columns.
 
     For each row of `x` and each group of `block_size` columns (the last group is shorter
-    when `K % block_size != 0`): `amax = max|x|` in f32, `scale = max(amax, 1e-4) / 448`
-    (with `scale_format="ue8m0"` rounded up to a power of two, exactly),
-    `q = e4m3fn(clamp(x / scale, -448, 448))` with round to nearest even, so `q * scale ~ x`.
-    An all-zero group gets the floor scale and zeros, never NaN or inf. `x` must be finite.
+    when `K % block_size != 0`): `amax = max|x|` in f32, `scale = max(amax, 1e-4) / 448`,
+    a correctly rounded f32 division as the PyTorch/Triton peers (DeepGEMM's
+    `per_token_cast_to_fp8`, DeepSeek-V3's `act_quant`) compute it (with
+    `scale_format="ue8m0"` then rounded up to a power of two, exactly),
+    `q = e4m3fn(clamp(x * (1 / scale), -448, 448))` with round to nearest even and a
+    correctly rounded reciprocal, so `q * scale ~ x`. An all-zero group gets the floor scale
+    and zeros, never NaN or inf. `x` must be finite.
 
     Args:
       x: `[M, K]` bfloat16, float16 or float32. Not donated; the caller keeps it.
-      block_size: columns per scale group, a positive multiple of 16 (128: DeepSeek-V3).
-        Powers of two need no repacking; others are padded to the next power of two.
+      block_size: columns per scale group, a positive multiple of 16 (128: DeepSeek-V3, the
+        default; 32 and 64 for MX-style recipes). Powers of two need no repacking; others
+        are padded to the next power of two.
       scale_format: `"f32"` or `"ue8m0"` (power-of-two scales, as Blackwell MX GEMMs read).
+      scale_layout: `"row"` (`float32[M, nb]`), `"col"` (`float32[nb, align4(M)]`) or
+        `"packed_ue8m0"` (`int32[ceil(nb / 4), align4(M)]`, four exponents per word, DeepGEMM
+        SM100); see the module docstring. Rows past M are zero rows (the floor scale).
       interpret: `None` runs the Pallas interpreter on CPU and the compiled Triton kernel on
         GPU; `True`/`False` force one.
 
     Returns:
-      `(q, scales)`: `q` is `float8_e4m3fn[M, K]`; `scales` is
-      `float32[M, ceil(K / block_size)]`, row-major (one row per token).
+      `(q, scales)`: `q` is `float8_e4m3fn[M, K]`; `scales` as `scale_layout` says, with
+      `nb = ceil(K / block_size)`.
 
     Raises:
       ValueError: `x` is not 2-D or not floating, `block_size` is not a positive multiple of
-        16, or `scale_format` is unknown.
+        16, `scale_format` / `scale_layout` unknown, or `"packed_ue8m0"` with f32 scales.
       NotImplementedError: a floating dtype other than the three above, or `block_size` over
         8192.
     """
-    _validate(x, block_size=block_size, scale_format=scale_format)
-    interpret = resolve_interpret(interpret)
-    m, k = x.shape
-    if m == 0 or k == 0:
-        return (
-            jnp.zeros((m, k), jnp.float8_e4m3fn),
-            jnp.zeros((m, pl.cdiv(k, block_size)), jnp.float32),
-        )
-    q_bits, scales = _quantize(
+    return _standalone(
         x,
-        num_rows=m,
-        block_size=int(block_size),
+        None,
+        block_size=block_size,
         scale_format=scale_format,
+        scale_layout=scale_layout,
         interpret=interpret,
     )
-    return jax.lax.bitcast_convert_type(q_bits, jnp.float8_e4m3fn), scales
+
+
+def fp8_silu_mul_quant(
+    gate: jax.Array,
+    up: jax.Array,
+    *,
+    block_size: int = 128,
+    scale_format: str = "f32",
+    scale_layout: str = "row",
+    interpret: bool | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """Fused gated-MLP activation + FP8 quantization: `fp8_block_quant(silu(gate) * up)`.
+
+    `silu(g) * u = g / (1 + exp(-g)) * u` is computed in f32 from the inputs and quantized
+    without an intermediate rounding to the input dtype (vLLM's fused `silu_and_mul` +
+    per-token-group FP8 quant, DeepGEMM/SGLang's `silu_and_mul` post-quant follow the same
+    order). One kernel pass reads `gate` and `up` once. On a GPU, `exp` is the GPU's, so
+    values within a few f32 ulps of an e4m3 rounding boundary can round differently from the
+    CPU reference.
+
+    Args:
+      gate, up: `[M, I]`, the same float dtype (bf16, f16, f32); not donated.
+      block_size, scale_format, scale_layout, interpret: as for `fp8_block_quant`.
+
+    Returns:
+      `(q float8_e4m3fn[M, I], scales)` as `fp8_block_quant` returns them.
+
+    Raises:
+      ValueError: as `fp8_block_quant`, and `gate` / `up` of different shapes or dtypes.
+      NotImplementedError: as `fp8_block_quant`.
+    """
+    return _standalone(
+        gate,
+        up,
+        block_size=block_size,
+        scale_format=scale_format,
+        scale_layout=scale_layout,
+        interpret=interpret,
+    )
+
+
+# -- in the arena ----------------------------------------------------------------------------
+
+
+def _word_position(region_row0: int, byte_offset: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(arena row, word in row) of the word at `byte_offset` (int32, word aligned) in a region
+    starting at arena row `region_row0`."""
+    return region_row0 + byte_offset // _ROW_BYTES, (byte_offset % _ROW_BYTES) // _WORD
+
+
+def _inplace_kernel(*refs, fused: bool, m: int, k: int, rows: int, num_blocks: int,
+                    block_size: int, tile: int, width: int, q_row0: int, s_row0: int,
+                    t_row0: int | None, arena_rows: int, scale_format: str, ptx: bool,
+                    row_aligned: bool) -> None:  # fmt: skip
+    """One `[tile, block]` tile of x (or of `silu(gate) * up`) -> its q words and scales,
+    stored into the arena (`t_row0=None`: no k-major f32 scales).
+
+    Refs: `x_ref` (`gate_ref`, `up_ref` when fused), the arena words `uint32[rows, 64]` as
+    input (aliased, never read) and as output.
+    """
+    if fused:
+        x_ref, up_ref, _, arena_ref = refs
+    else:
+        (x_ref, _, arena_ref), up_ref = refs, None
+    i, j = pl.program_id(0), pl.program_id(1)
+    nw = width // _WORD
+    r = i * tile + jax.lax.broadcasted_iota(jnp.int32, (tile, nw), 0)  # token row
+    w = jax.lax.broadcasted_iota(jnp.int32, (tile, nw), 1)  # word in the block
+    col = j * block_size + _WORD * w  # first column (byte of q) of each word
+    # With whole blocks (K % block == 0, block a power of two) no column is masked or clamped:
+    # masks and indices then vary only along rows, which lets Triton vectorize along columns.
+    full_blocks = k % block_size == 0 and width == block_size
+    col_ok = True if full_blocks else (_WORD * w < block_size) & (col < k)
+
+    def clamp_col(c):
+        return c if full_blocks else jnp.minimum(c, k - 1)
+
+    # x is read whole (memory_space=pl.ANY) with masked loads: rows past M and columns past K
+    # read as zeros, so no padded copy exists. Indices are clamped: masked lanes never touch
+    # memory on the GPU, and the interpreter's gathers stay in bounds. One contiguous
+    # [tile, width] load (vector loads); after the cast the four bytes of each word are
+    # regrouped with a reshape + split (Triton: reshape/trans/split).
+    rr = i * tile + jax.lax.broadcasted_iota(jnp.int32, (tile, width), 0)
+    cc = jax.lax.broadcasted_iota(jnp.int32, (tile, width), 1)
+    ccol = j * block_size + cc
+    ok = (rr < m) if full_blocks else (rr < m) & (cc < block_size) & (ccol < k)
+    at = (jnp.minimum(rr, m - 1), clamp_col(ccol))
+    gate = plgpu.load(x_ref.at[at], mask=ok, other=0)
+    up = None if up_ref is None else plgpu.load(up_ref.at[at], mask=ok, other=0)
+    xt = activation(gate, up)
+    amax = jnp.max(jnp.abs(xt), axis=1)
+    scale = block_scale(amax, scale_format=scale_format, ptx=ptx)  # [tile]
+    inv = reciprocal(scale, ptx=ptx)[:, None]
+
+    q3 = quantize_bits(xt, inv).astype(jnp.uint32).reshape(tile, nw, _WORD)
+    word = jnp.zeros((tile, nw), jnp.uint32)
+    for b, part in enumerate(jnp.split(q3, _WORD, axis=2)):  # little endian: byte b = bits 8b..
+        word = word | (part.reshape(tile, nw) << jnp.uint32(8 * b))
+
+    store_ok = (r < rows) & col_ok
+    last_row = arena_rows - 1
+    if row_aligned:
+        # K is whole arena rows and a block never straddles one: the word index is the iota
+        # plus a product with a constant, so Triton sees contiguous, 16-byte aligned words
+        # and vectorizes the stores (with `// 256` and `% 256` it cannot).
+        per_row = _ROW_BYTES // block_size
+        arow = q_row0 + jnp.minimum(r, rows - 1) * (k // _ROW_BYTES) + j // per_row
+        acol = (j % per_row) * (block_size // _WORD) + w
+    else:
+        arow, acol = _word_position(q_row0, jnp.minimum(r, rows - 1) * k + col)
+    plgpu.store(arena_ref.at[jnp.minimum(arow, last_row), acol], word, mask=store_ok)
+
+    # Scales: one word per row of the tile, row-major [rows, nb] and k-major [nb, rows].
+    tr = i * tile + jax.lax.broadcasted_iota(jnp.int32, (tile,), 0)
+    s_ok = tr < rows
+    tr_c = jnp.minimum(tr, rows - 1)
+    s_bits = jax.lax.bitcast_convert_type(scale, jnp.uint32)
+    srow, scol = _word_position(s_row0, (tr_c * num_blocks + j) * _WORD)
+    plgpu.store(arena_ref.at[jnp.minimum(srow, last_row), scol], s_bits, mask=s_ok)
+    if t_row0 is not None:
+        trow, tcol = _word_position(t_row0, (j * rows + tr_c) * _WORD)
+        plgpu.store(arena_ref.at[jnp.minimum(trow, last_row), tcol], s_bits, mask=s_ok)
+
+
+def _pack_kernel(_, arena_ref, *, rows: int, num_blocks: int, s_row0: int, t_row0: int,
+                 arena_rows: int) -> None:  # fmt: skip
+    """Packs the row-major ue8m0 scales (already in the arena) into `int32[nb4, rows]` words:
+    one word (4 groups) for `_PACK_TILE` tokens per grid step."""
+    i, g = pl.program_id(0), pl.program_id(1)
+    tr = i * _PACK_TILE + jax.lax.broadcasted_iota(jnp.int32, (_PACK_TILE,), 0)
+    ok = tr < rows
+    tr_c = jnp.minimum(tr, rows - 1)
+    last_row = arena_rows - 1
+    word = jnp.zeros((_PACK_TILE,), jnp.uint32)
+    for b in range(_WORD):
+        group = 4 * g + b
+        srow, scol = _word_position(s_row0, (tr_c * num_blocks + jnp.minimum(group, num_blocks - 1))
+                                    * _WORD)  # fmt: skip
+        bits = plgpu.load(arena_ref.at[jnp.minimum(srow, last_row), scol], mask=ok, other=0)
+        exp = jnp.where(group < num_blocks, bits >> jnp.uint32(23), jnp.uint32(0))
+        word = word | (exp << jnp.uint32(8 * b))
+    trow, tcol = _word_position(t_row0, (g * rows + tr_c) * _WORD)
+    plgpu.store(arena_ref.at[jnp.minimum(trow, last_row), tcol], word, mask=ok)
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "offsets", "rows", "block_size", "scale_format", "packed", "interpret", "debug",
+    ),
+)  # fmt: skip
+def _quantize_inplace(
+    arena: jax.Array,
+    x: jax.Array,
+    up: jax.Array | None = None,
+    *,
+    offsets: tuple[int, int, int],
+    rows: int,
+    block_size: int,
+    scale_format: str,
+    packed: bool = False,
+    interpret: bool,
+    debug: bool = False,
+) -> jax.Array:
+    """The arena with the three regions written; `debug=True` prints the kernel's jaxpr and
+    Triton IR when lowering for a GPU (Pallas' `debug`), which the tests read."""
+    m, k = x.shape
+    num_blocks = pl.cdiv(k, block_size)
+    width = pl.next_power_of_2(block_size)
+    tile = _row_tile(rows, width)
+    arena_rows = arena.shape[0]
+    # A reinterpretation of the whole arena: XLA compiles it (and its inverse) to a bitcast.
+    words = jax.lax.bitcast_convert_type(
+        arena.reshape(arena_rows, _WORDS_PER_ROW, _WORD), jnp.uint32
+    )
+    q_off, s_off, t_off = (o // _ROW_BYTES for o in offsets)
+    kernel = functools.partial(
+        _inplace_kernel,
+        fused=up is not None,
+        m=m,
+        k=k,
+        rows=rows,
+        num_blocks=num_blocks,
+        block_size=block_size,
+        tile=tile,
+        width=width,
+        q_row0=q_off,
+        s_row0=s_off,
+        t_row0=None if packed else t_off,
+        arena_rows=arena_rows,
+        scale_format=scale_format,
+        ptx=not interpret,
+        row_aligned=k % _ROW_BYTES == 0 and width == block_size and _ROW_BYTES % width == 0,
+    )
+    inputs = [x] if up is None else [x, up]
+    any_spec = pl.BlockSpec(memory_space=pl.ANY)
+    params = plgpu.CompilerParams(num_warps=4, num_stages=1)
+    words = pl.pallas_call(
+        kernel,
+        grid=(pl.cdiv(rows, tile), num_blocks),
+        in_specs=[any_spec] * (len(inputs) + 1),
+        out_specs=any_spec,
+        out_shape=jax.ShapeDtypeStruct(words.shape, jnp.uint32),
+        input_output_aliases={len(inputs): 0},
+        interpret=interpret,
+        compiler_params=params,
+        name="fp8_silu_mul_quant_inplace" if up is not None else "fp8_block_quant_inplace",
+        debug=debug,
+    )(*inputs, words)
+    if packed:
+        pack = functools.partial(
+            _pack_kernel,
+            rows=rows,
+            num_blocks=num_blocks,
+            s_row0=s_off,
+            t_row0=t_off,
+            arena_rows=arena_rows,
+        )
+        words = pl.pallas_call(
+            pack,
+            grid=(pl.cdiv(rows, _PACK_TILE), pl.cdiv(num_blocks, 4)),
+            in_specs=[any_spec],
+            out_specs=any_spec,
+            out_shape=jax.ShapeDtypeStruct(words.shape, jnp.uint32),
+            input_output_aliases={0: 0},
+            interpret=interpret,
+            compiler_params=params,
+            name="fp8_pack_ue8m0_inplace",
+            debug=debug,
+        )(words)
+    return jax.lax.bitcast_convert_type(words, jnp.uint8).reshape(arena.shape)
+
+
+def _into(arena, plan, x, up, *, block_size, scale_format, scale_layout, regions, interpret,
+          what):  # fmt: skip
+    m, k = _validate(
+        x,
+        up,
+        fused=up is not None,
+        block_size=block_size,
+        scale_format=scale_format,
+        scale_layout=scale_layout,
+        arena_form=True,
+    )
+    if (
+        not isinstance(regions, tuple | list)
+        or len(regions) != 3
+        or not all(isinstance(r, str) for r in regions)
+    ):
+        raise ValueError(
+            f"regions must be three region names (q, scales, k-major scales), got {regions=!r}"
+        )
+    if not callable(getattr(plan, "check_fits", None)):
+        raise ValueError(f"plan must be a jaxarena.ArenaPlan, got {type(plan).__name__}")
+    block_size = int(block_size)
+    rows = workspaces.fp8_rows(m)
+    nb = workspaces.fp8_scale_cols(k, block_size)
+    q_name, scale_name, kmajor_name = regions
+    note = f"{'gate' if up is not None else 'x'}.shape={(m, k)} with {block_size=}: {rows} rows"
+    packed = scale_layout == "packed_ue8m0"
+    kmajor = ((kmajor_name, (pl.cdiv(nb, 4), rows), jnp.int32, note + ", packed ue8m0")
+              if packed else (kmajor_name, (nb, rows), jnp.float32, note))  # fmt: skip
+    plan.check_fits(
+        (q_name, (rows, k), jnp.uint8, note),
+        (scale_name, (rows, nb), jnp.float32, note),
+        kmajor,
+        arena=arena,
+        what=what,
+    )
+    if rows == 0 or k == 0:
+        return arena
+    interpret = resolve_interpret(interpret)
+    if k % _WORD:
+        raise NotImplementedError(
+            f"{what} needs K % 4 == 0 (rows of q start on 4-byte words of the arena), got "
+            f"K={k}; quantize with the standalone form and plan.write the results"
+        )
+    offsets = tuple(int(plan.regions[name].offset_bytes) for name in regions)
+    bad = [n for n, o in zip(regions, offsets, strict=True) if o % _ROW_BYTES]
+    if bad:
+        raise ValueError(
+            f"{what}: regions {bad} do not start on a {_ROW_BYTES}-byte arena row; build the "
+            f"plan with align_bytes >= {_ROW_BYTES}"
+        )
+    width = pl.next_power_of_2(block_size)
+    tile = _row_tile(rows, width)
+    span = pl.cdiv(rows, tile) * tile * k  # the q offsets the grid computes (masked past R)
+    if span >= _I32_LIMIT:
+        raise NotImplementedError(
+            f"{what}: the q region spans {span} bytes for shape {(m, k)}; in-region offsets "
+            "are int32 (below 2^31): quantize in row chunks"
+        )
+    return _quantize_inplace(
+        arena,
+        x,
+        up,
+        offsets=offsets,  # type: ignore[arg-type]
+        rows=rows,
+        block_size=block_size,
+        scale_format=scale_format,
+        packed=packed,
+        interpret=interpret,
+    )
+
+
+_INTO_DOC = """
+    With `R = ceil16(M)` (the rows the FP8 GEMMs read) and `nb = ceil(K / block_size)`, each
+    written at the start of its region:
+      - `{q}`: the e4m3fn bits of q, `[R, K]`, 1 byte per element, row-major;
+      - `{s}`: `float32[R, nb]`, one row of scales per token;
+      - `{t}`: `scale_layout="col"`: the transpose `float32[nb, R]` (token index contiguous);
+        `"packed_ue8m0"`: `int32[ceil(nb / 4), R]`, four UE8M0 exponents per word (DeepGEMM
+        SM100's layout; `R` is a multiple of 4 as TMA needs).
+    Rows `M..R` hold zeros and the scale of an all-zero group (`1e-4 / 448`; `2**-22` for
+    `"ue8m0"`), so a GEMM that reads the pad rows reads finite values. Bytes past those shapes
+    and every other region are left unchanged.
+
+    In place: the whole arena goes into the kernel aliased to its output, viewed as 32-bit
+    words (a bitcast), and the kernel stores every value at its byte position: no GPU
+    temporary grows with M or K, one launch (two with `"packed_ue8m0"`). 32-bit words keep
+    every offset exact: Pallas addresses arrays of at most 2^32 bytes with int32 element
+    offsets (signed in Triton), and a 4 GiB arena has 2^30 words; larger arenas get 64-bit
+    offsets; in-region offsets are int32 and checked to stay below 2^31.
+"""
 
 
 def fp8_block_quant_into(
@@ -226,62 +640,97 @@ def fp8_block_quant_into(
     *,
     block_size: int = 128,
     scale_format: str = "f32",
+    scale_layout: str = "col",
     regions: tuple[str, str, str] = FP8_ACT_REGIONS,
     interpret: bool | None = None,
 ) -> jax.Array:
-    """Quantizes `x` like `fp8_block_quant` and stores the results in the arena's FP8 buffers.
-
-    With `R = ceil16(M)` (the rows the FP8 GEMMs read) and `nb = ceil(K / block_size)`, each
-    written at the start of its region, row-major:
-      - `fp8_act`: the e4m3fn bits of q, `[R, K]`, 1 byte per element;
-      - `fp8_act_scale`: `float32[R, nb]`, one row of scales per token;
-      - `fp8_act_scale_kmajor`: its transpose `float32[nb, R]` (token index contiguous).
-    Rows `M..R` hold zeros and the scale of an all-zero group (`1e-4 / 448`; `2**-22` for
-    `"ue8m0"`), so a GEMM that reads the pad rows reads finite values. Bytes past those shapes
-    and every other region are left unchanged.
-
+    """Quantizes `x` like `fp8_block_quant`, writing the results into the arena in place.
+    {doc}
     Args:
       arena: the plan's `uint8` arena (`plan.allocate()`). Donate it to the enclosing
-        `jax.jit` (`donate_argnums`) for the writes to happen in place; the donated array
-        must not be used afterwards, use the returned one.
-      plan: a `jaxarena.ArenaPlan` with the three regions above.
-      x: `[M, K]` bfloat16, float16 or float32 activations (not donated).
+        `jax.jit` (`donate_argnums`) for the writes to happen in place (without donation XLA
+        copies the arena once); the donated array must not be used afterwards, use the
+        returned one.
+      plan: a `jaxarena.ArenaPlan` with the three regions, each starting on a 256-byte row
+        (the default alignment).
+      x: `[M, K]` bfloat16, float16 or float32 activations (not donated), `K % 4 == 0`.
       block_size, scale_format, interpret: as for `fp8_block_quant`.
+      scale_layout: `"col"` (default) or `"packed_ue8m0"`: what the third region holds.
       regions: the three region names to write (q, row-major scales, k-major scales); the
-        default is the projections' `fp8_act` group. The dense FFN's down projection, whose
-        K is the intermediate size, uses `("ffn_act_a", "ffn_act_scale",
-        "ffn_act_scale_kmajor")`, the seed's buffers for that activation.
+        default is the projections' `fp8_act` group. The dense FFN's down projection uses
+        `FFN_ACT_REGIONS` (`fp8_silu_mul_quant_into`'s default).
 
     Returns:
       The arena with the three regions written. Read them with `plan.view(...)`.
 
     Raises:
-      ValueError: everything `fp8_block_quant` rejects, a missing region, a region smaller than
-        the bytes written (checked against `plan.regions[name].nbytes`), or an `arena` that is
-        not the plan's `uint8` array; all before any tracing.
-      NotImplementedError: as for `fp8_block_quant`.
+      ArenaError (a ValueError): a missing region, a region smaller than the bytes written,
+        or an `arena` that is not the plan's `uint8` array (`ArenaPlan.check_fits`).
+      ValueError: everything `fp8_block_quant` rejects, a region not on a 256-byte row; all
+        before any tracing.
+      NotImplementedError: as `fp8_block_quant`; also `K % 4 != 0` or a q region of 2^31
+        bytes or more.
     """
-    _validate(
+    return _into(
+        arena,
+        plan,
         x,
+        None,
         block_size=block_size,
         scale_format=scale_format,
-        arena=arena,
-        plan=plan,
+        scale_layout=scale_layout,
         regions=regions,
-    )
-    interpret = resolve_interpret(interpret)
-    m, k = x.shape
-    rows = workspaces.fp8_rows(m)
-    if rows == 0 or k == 0:
-        return arena
-    q_bits, scales = _quantize(
-        x,
-        num_rows=rows,
-        block_size=int(block_size),
-        scale_format=scale_format,
         interpret=interpret,
+        what="fp8_block_quant_into",
     )
-    q_name, scale_name, kmajor_name = regions
-    arena = plan.write(arena, q_name, q_bits)
-    arena = plan.write(arena, scale_name, scales)
-    return plan.write(arena, kmajor_name, scales.T)
+
+
+def fp8_silu_mul_quant_into(
+    arena: jax.Array,
+    plan: Any,
+    gate: jax.Array,
+    up: jax.Array,
+    *,
+    block_size: int = 128,
+    scale_format: str = "f32",
+    scale_layout: str = "col",
+    regions: tuple[str, str, str] = FFN_ACT_REGIONS,
+    interpret: bool | None = None,
+) -> jax.Array:
+    """`fp8_silu_mul_quant(gate, up)` written into the arena in place, in one kernel pass.
+
+    The seed's dense-FFN FP8 path: the down projection's input `silu(gate) * up` goes straight
+    from the gate/up outputs to the `ffn_act_*` regions (`FFN_ACT_REGIONS`, the default); the
+    bf16 product never exists in memory.
+    {doc}
+    Args:
+      arena, plan, regions, interpret: as for `fp8_block_quant_into`.
+      gate, up: `[M, I]`, the same float dtype, `I % 4 == 0` (not donated).
+      block_size, scale_format, scale_layout: as for `fp8_block_quant_into`.
+
+    Returns:
+      The arena with the three regions written.
+
+    Raises:
+      As `fp8_block_quant_into`, and `gate` / `up` of different shapes or dtypes.
+    """
+    return _into(
+        arena,
+        plan,
+        gate,
+        up,
+        block_size=block_size,
+        scale_format=scale_format,
+        scale_layout=scale_layout,
+        regions=regions,
+        interpret=interpret,
+        what="fp8_silu_mul_quant_into",
+    )
+
+
+fp8_block_quant_into.__doc__ = fp8_block_quant_into.__doc__.replace(  # type: ignore[union-attr]
+    "{doc}", _INTO_DOC.format(q="fp8_act", s="fp8_act_scale", t="fp8_act_scale_kmajor")
+)
+fp8_silu_mul_quant_into.__doc__ = fp8_silu_mul_quant_into.__doc__.replace(  # type: ignore[union-attr]
+    "{doc}", _INTO_DOC.format(q="ffn_act_a", s="ffn_act_scale", t="ffn_act_scale_kmajor")
+)

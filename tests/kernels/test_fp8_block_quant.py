@@ -74,7 +74,7 @@ def _numpy_model(x: np.ndarray, block_size: int, scale_format: str):
     xb[:, :k] = x
     xb = xb.reshape(m, nb, block_size)
     amax = np.abs(xb).max(axis=-1)
-    scale = np.maximum(amax, np.float32(1e-4)) * np.float32(1.0 / 448.0)
+    scale = np.maximum(amax, np.float32(1e-4)) / np.float32(448.0)  # IEEE division
     if scale_format == "ue8m0":
         scale = np.exp2(np.ceil(np.log2(scale.astype(np.float64)))).astype(np.float32)
     inv = np.float32(1.0) / scale
@@ -171,7 +171,7 @@ def test_reference_matches_numpy_model_with_ties(scale_format):
 
 def test_zeros_give_floor_scale_and_zeros():
     x = jnp.zeros((3, 200), jnp.bfloat16)
-    floor = np.float32(1e-4) * np.float32(1.0 / 448.0)
+    floor = np.float32(1e-4) / np.float32(448.0)
     q, s = fp8_block_quant(x)
     assert np.all(np.asarray(q, np.float32) == 0) and not np.any(_bits(q))
     np.testing.assert_array_equal(np.asarray(s), np.full((3, 2), floor, np.float32))
