@@ -19,7 +19,13 @@ __all__ = [
     "array_shape",
     "check_rank",
     "check_float",
+    "check_finite",
+    "check_nonempty",
+    "int_values",
 ]
+
+# The largest value an int32 index or offset holds.
+INT32_MAX = (1 << 31) - 1
 
 
 def resolve_interpret(interpret: bool | None) -> bool:
@@ -66,3 +72,51 @@ def check_float(name: str, v: Any) -> None:
     """A `ValueError` naming `name` unless `v` has a floating dtype."""
     if not jnp.issubdtype(v.dtype, jnp.floating):
         raise ValueError(f"{name}.dtype={v.dtype} must be a floating dtype")
+
+
+def check_finite(name: str, v: Any, consequence: str) -> None:
+    """A `ValueError` naming the first non-finite element of a CONCRETE float array `v`.
+
+    Traced values (under `jit`) are not known here and are not checked; each kernel's docstring
+    says what a non-finite traced value does (it propagates as NaN, never as a plausible
+    number). `consequence` says why the value is refused (e.g. "every output of its head would
+    be NaN").
+    """
+    if not is_concrete(v) or not jnp.issubdtype(jnp.dtype(v.dtype), jnp.floating):
+        return
+    ok = np.asarray(jnp.isfinite(v))
+    if ok.all():
+        return
+    index = tuple(int(i) for i in np.argwhere(~ok)[0])
+    value = np.asarray(v)[index]
+    raise ValueError(
+        f"{name}[{', '.join(map(str, index))}]={float(value)} is not finite ({int((~ok).sum())} "
+        f"non-finite value(s) in {name}); {consequence}"
+    )
+
+
+def check_nonempty(name: str, size: int, what: str) -> None:
+    """A `ValueError` when dimension `what` of `name` is 0: nothing to compute, and an empty
+    Pallas grid fails deep inside the lowering instead of returning."""
+    if size < 1:
+        raise ValueError(
+            f"{name} has {what} = {size}; it must be >= 1 (nothing to compute: skip the call)"
+        )
+
+
+def int_values(name: str, values: Any, *, lo: int = 0, hi: int = INT32_MAX) -> np.ndarray:
+    """A Python list/tuple of ints as an `int32` array, every entry checked first.
+
+    Refuses (with a `ValueError` naming the entry) what `np.asarray(values, np.int32)` would
+    silently change or fail on: a float (10.7 would become 10), a bool, a non-number, and an int
+    outside `[lo, hi]` (past int32 NumPy raises `OverflowError`).
+    """
+    for i, x in enumerate(values):
+        if not is_int(x):
+            raise ValueError(
+                f"{name}[{i}]={x!r} must be an int, got {type(x).__name__} (a float is not "
+                f"truncated: pass integer token offsets)"
+            )
+        if not lo <= x <= hi:
+            raise ValueError(f"{name}[{i}]={x} is outside [{lo}, {hi}] (int32 token offsets)")
+    return np.asarray(values, np.int32)

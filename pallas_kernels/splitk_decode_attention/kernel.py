@@ -11,14 +11,17 @@ pages `[s * P, min((s + 1) * P, num_pages))` with `P = ceil(num_pages / num_spli
 whose range is empty (short sequence, or `len == 0`) runs no iteration. The loop walks the
 split's pages one at a time, gathering each through the block table, with the online softmax
 (running max `m`, running sum `l`, unnormalised output `o`, all f32); keys at positions
-`>= len` in the last page are masked to `-inf`. Every page visited holds at least one valid
-key, so `m` is finite after the first iteration and no `inf - inf` arises.
+`>= len` in the last page are masked by selection (`jnp.where`): their logits become `-inf`
+and their values 0 before any arithmetic, so whatever the unused tail of a page holds (a NaN
+left by an earlier tenant included) never reaches the output (0 * NaN would be NaN). Every
+page visited holds at least one valid key, so `m` is finite after the first iteration and no
+`inf - inf` arises for finite input; a NaN or infinite q, key or value propagates as NaN.
 
 With `write_partials=True` the program stores `(o, m, l)` of each of its query heads in that
 head's workspace slot `(b * num_splits + s) * Hq + h`, a row `[o[0:D], m, l]` of the f32
 workspace `[slots, D + 2]`; an empty split stores `o = 0, m = -inf, l = 0`. With
-`write_partials=False` (one split) it stores the final `o / l` (0 where `l == 0`) straight into
-the output `[B, Hq, D]`.
+`write_partials=False` (one split) it stores the final `o / l` (0 where `l == 0`, i.e. no key;
+NaN stays NaN) straight into the output `[B, Hq, D]`.
 """
 
 from __future__ import annotations
@@ -103,6 +106,7 @@ def splitk_decode_attention_kernel(
         logits = logits * sm_scale  # [block_h, block_size]
         valid = (p * block_size + offsets) < seq_len
         logits = jnp.where(valid[None, :], logits, -jnp.inf)
+        v = jnp.where(valid[:, None], v, jnp.zeros_like(v))  # select: never 0 * stale NaN
         m_next = jnp.maximum(m_prev, jnp.max(logits, axis=1))
         alpha = jnp.exp(m_prev - m_next)
         probs = jnp.exp(logits - m_next[:, None])
@@ -136,8 +140,9 @@ def splitk_decode_attention_kernel(
         plgpu.store(ws_ref.at[rows, col_m + 1], denom, mask=vec_mask)
     else:
         (out_ref,) = refs
-        safe = jnp.where(denom > 0.0, denom, 1.0)
-        out = jnp.where((denom > 0.0)[:, None], o / safe[:, None], 0.0)
+        # 0 only for an exactly empty sum (no key); a NaN sum stays NaN, never a plausible 0.
+        safe = jnp.where(denom == 0.0, 1.0, denom)
+        out = jnp.where((denom == 0.0)[:, None], 0.0, o / safe[:, None])
         plgpu.store(
             out_ref.at[b, pl.ds(head0, block_h), pl.ds(0, head_dim)],
             out.astype(out_ref.dtype),

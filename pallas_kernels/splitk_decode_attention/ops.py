@@ -43,6 +43,8 @@ from jaxarena.workspaces import (
     splitk_slots_needed,
 )
 from jaxarena.workspaces import num_splits as _policy_num_splits
+from pallas_kernels._args import check_finite as _check_finite
+from pallas_kernels._args import check_nonempty as _check_nonempty
 from pallas_kernels._args import check_rank as _shape
 from pallas_kernels._args import is_concrete as _is_concrete
 from pallas_kernels._args import is_int as _is_int
@@ -127,6 +129,7 @@ def _validate(
     vshape = _shape("v_cache", v_cache, 4, "[num_blocks, block_size, num_kv_heads, head_dim]")
     bshape = _shape("block_tables", block_tables, 2, "[batch, max_blocks_per_seq]")
     lshape = _shape("seq_lens", seq_lens, 1, "[batch]")
+    _check_nonempty("q", B, "batch size q.shape[0]")
     q_dtype = jnp.dtype(q.dtype)
     if not jnp.issubdtype(q_dtype, jnp.floating):
         raise ValueError(f"q must be floating (float32, bfloat16, float16), got q.dtype={q_dtype}")
@@ -199,6 +202,7 @@ def _validate(
 
     # Values, when they are known (eager calls). Under jit the kernel clamps every length to
     # max_blocks_per_seq * block_size and every page id into [0, num_blocks).
+    _check_finite("q", q, "every output of that query head would be NaN")
     if _is_concrete(seq_lens):
         lens = np.asarray(seq_lens)
         cap = max_pages * block_size
@@ -267,8 +271,9 @@ def _combine(ws: jax.Array, *, batch: int, num_q_heads: int, num_splits: int) ->
     w = jnp.exp(m - m_max)  # [B, S, Hq]; 0 for empty splits
     l_sum = jnp.sum(w * denom, axis=1)
     o_sum = jnp.sum(w[..., None] * o, axis=1)
-    safe = jnp.where(l_sum > 0.0, l_sum, 1.0)
-    return jnp.where((l_sum > 0.0)[..., None], o_sum / safe[..., None], 0.0)
+    # 0 only for an exactly empty sum (no key); a NaN sum stays NaN, never a plausible 0.
+    safe = jnp.where(l_sum == 0.0, 1.0, l_sum)
+    return jnp.where((l_sum == 0.0)[..., None], 0.0, o_sum / safe[..., None])
 
 
 @functools.partial(
@@ -386,13 +391,18 @@ def splitk_decode_attention(
       levers, target: pin the policy's inputs (`None`: environment and detected device).
       interpret: `None` interprets on CPU and compiles the Triton kernel on GPU.
 
+    Non-finite values: keys and values past `seq_lens[b]` (the unused tail of the last page)
+    never enter the arithmetic, so stale bytes there (NaN included) do not matter. A concrete
+    `q` must be finite (ValueError). A NaN or infinity in a traced `q`, or in a key or value
+    the sequence does attend to, gives NaN for the heads it reaches: never a plausible 0.
+
     Returns:
       `out [B, Hq, D]` in q's dtype, or `(out, workspace)` when a workspace is passed.
 
     Raises:
       ValueError: wrong ranks or dtypes (q not floating; tables or lengths not int32), head
         dims that differ, `Hq % Hkv != 0`, k/v caches of different shapes or dtypes, a batch
-        size mismatch, `num_splits` outside 1..16, a workspace of the wrong shape/dtype or
+        size mismatch or a batch of 0, a concrete non-finite q, `num_splits` outside 1..16, a workspace of the wrong shape/dtype or
         with fewer than `B * Hq * num_splits` slots (nothing is written), concrete lengths
         beyond what the block table covers or used page ids out of range. All before tracing.
       NotImplementedError: f64 or another unsupported float, a KV cache dtype other than

@@ -67,7 +67,9 @@ def paged_decode_attention_reference(
     """`softmax(sm_scale * q . K^T) @ V` over each sequence's first `seq_lens[b]` keys, in f32.
 
     Shapes as for `paged_decode_logits_reference`, plus v_cache like k_cache. A sequence of
-    length 0 gives zeros.
+    length 0 gives zeros. Keys and values past `seq_lens[b]` never enter the arithmetic, so
+    whatever they hold (NaN included) does not matter; a NaN or infinity in `q` or in a valid
+    key or value gives NaN for the heads it reaches (softmax of a NaN is NaN), never 0.
 
     Returns:
       `f32[B, Hq, D]`.
@@ -78,10 +80,14 @@ def paged_decode_attention_reference(
         q, k_cache, block_tables, seq_lens, sm_scale=sm_scale
     )
     values = jnp.repeat(_gather(v_cache, block_tables), Hq // hkv, axis=2)  # [B, T, Hq, D]
+    # Select, not multiply: a masked position's weight is 0, but 0 * NaN = NaN, so stale bytes
+    # past seq_lens (a NaN from an earlier tenant of the page) must not reach p @ V.
+    values = jnp.where(valid[:, :, None, None], values, 0.0)
     masked = jnp.where(valid[:, None, :], logits, -jnp.inf)
     m = jnp.max(masked, axis=-1, keepdims=True)
     m = jnp.where(jnp.isfinite(m), m, 0.0)
     p = jnp.exp(masked - m)
     denom = jnp.sum(p, axis=-1, keepdims=True)
     out = jnp.einsum("bht,bthd->bhd", p, values, precision=_HI)
-    return jnp.where(denom > 0, out / jnp.where(denom > 0, denom, 1.0), 0.0)
+    # Only an exactly empty sum (no valid key) gives 0; a NaN sum stays NaN.
+    return jnp.where(denom == 0, 0.0, out / jnp.where(denom == 0, 1.0, denom))

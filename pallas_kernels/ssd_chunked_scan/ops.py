@@ -35,7 +35,9 @@ from jax.experimental.pallas import triton as plgpu
 
 from jaxarena.workspaces import SSD_CHUNK, ssd_chunk_slot_bytes, ssd_scratch_layout
 from pallas_kernels._args import array_shape as _shape_of
+from pallas_kernels._args import check_finite as _check_finite
 from pallas_kernels._args import check_float as _check_float
+from pallas_kernels._args import int_values as _int_values
 from pallas_kernels._args import resolve_interpret
 from pallas_kernels.ssd_chunked_scan.kernel import ssd_chunk_kernel, ssd_output_kernel
 
@@ -135,6 +137,10 @@ def _validate(
         )
     for name, v in (("dt", dt), ("A", A), ("B", B), ("C", C)):
         _check_float(name, v)
+    # exp(dt' A) with A = -inf is 0 (the state forgets at once), but the chunked form takes
+    # differences of cumulative sums, -inf - -inf = NaN: every output would be NaN although
+    # the math is finite. Refused when known; see the docstring for traced values.
+    _check_finite("A", A, "A must be finite (a very negative A, e.g. -1e4, forgets at once)")
     for name, v in (("D", D), ("dt_bias", dt_bias)):
         if v is not None:
             if _shape_of(name, v) != (H,):
@@ -225,9 +231,11 @@ def _validate(
 
 
 def _as_cu(cu_seqlens: Any) -> Any:
-    """A list or tuple of ints becomes an int32 array; anything else is left to `_validate`."""
+    """A list or tuple of ints becomes an int32 array (a float or an int past int32 entry is a
+    `ValueError`, never truncated or an `OverflowError`); anything else is left to
+    `_validate`."""
     if isinstance(cu_seqlens, list | tuple):
-        return np.asarray(cu_seqlens, np.int32)
+        return _int_values("cu_seqlens", cu_seqlens)
     return cu_seqlens
 
 
@@ -382,6 +390,9 @@ def _ssd_impl(
         init_g = init.reshape(S, G, hpg, Pp, Np)
         contrib = jnp.einsum("slgn,sgkpn->slgkp", c_chunk, init_g, precision=_HI)
         contrib = contrib.reshape(S, L, H, Pp) * jnp.transpose(decay, (0, 2, 1))[..., None]
+        # Select: a NaN initial state of one sequence must not reach the other sequences'
+        # tokens of the chunk as 0 * NaN.
+        contrib = jnp.where(in_seg[:, :, None, None], contrib, 0.0)
         y_diag = y_diag.reshape(nc, L, H, Pp).at[c_s].add(contrib).reshape(Tp, H, Pp)
 
     out_kernel = functools.partial(
@@ -423,9 +434,14 @@ def _ssd_impl(
     base = jnp.take_along_axis(d_c, jnp.clip(p - 1, 0, L - 1)[:, None, None], axis=2)
     base = jnp.where((p > 0)[:, None, None], base, 0.0)
     mask = ((l_idx[None, :] >= p[:, None]) & (l_idx[None, :] <= pe[:, None]))[:, None, :]
-    w = jnp.where(mask, jnp.exp(jnp.where(mask, a_end - d_c, 0.0)), 0.0) * dt_c  # [S, H, L]
-    x_c = _gather_chunk(xp, c_e, L).astype(f32).reshape(S, L, G, hpg, Pp)
+    # Select, not multiply: tokens of other sequences in the chunk (their x, B, dt' may be NaN)
+    # must not reach this sequence's state as 0 * NaN.
+    w = jnp.where(mask, jnp.exp(jnp.where(mask, a_end - d_c, 0.0)) * dt_c, 0.0)  # [S, H, L]
+    tok_in = mask[:, 0, :]  # [S, L]
+    x_c = _gather_chunk(xp, c_e, L).astype(f32)
+    x_c = jnp.where(tok_in[:, :, None, None], x_c, 0.0).reshape(S, L, G, hpg, Pp)
     b_c = _gather_chunk(Bp, c_e, L).astype(f32)  # [S, L, G, Np]
+    b_c = jnp.where(tok_in[:, :, None, None], b_c, 0.0)
     w_g = w.reshape(S, G, hpg, L)
     own = jnp.einsum("sgkl,slgkp,slgn->sgkpn", w_g, x_c, b_c, precision=_HI)
     final = jnp.exp(a_end - base)[..., None] * h_start + own.reshape(S, H, Pp, Np)
@@ -460,7 +476,8 @@ def ssd_chunked_scan(
       x: `[T, H, P]` float32 / bfloat16 / float16, T >= 1.
       dt: `[T, H]` float (raw; `dt' = softplus(dt + dt_bias)` with `dt_softplus`, else
         `dt + dt_bias`).
-      A: `[H]` float (negative for a decaying state).
+      A: `[H]` float (negative for a decaying state), finite: a concrete non-finite `A` is a
+        ValueError; a traced one gives NaN outputs.
       B, C: `[T, G, N]` float; head `h` uses group `h // (H // G)`; `H % G == 0`.
       chunk_size: tokens per chunk, one of `SUPPORTED_CHUNK_SIZES`; 64 with a workspace.
       D: optional `[H]` skip term, `y += D x`.
@@ -486,12 +503,21 @@ def ssd_chunked_scan(
         intermediates, which nothing else needs.
       interpret: None = interpret on CPU, compiled (Triton) on GPU.
 
+    Non-finite values: a NaN or infinity in `x`, `dt`, `B`, `C` or `initial_states` of a
+    sequence propagates as NaN into that sequence's outputs and final state; it is never turned
+    into a plausible finite value. The boundary terms computed here select (`jnp.where`) rather
+    than multiply by 0, so one sequence's NaN initial state or tokens do not reach the final
+    state of another. (Inside a 64-token chunk the kernels still mask some terms by
+    multiplication: a NaN token can reach another sequence of the same chunk; see issue 17's
+    notes.) Padding tokens are zeros made here, never stale bytes.
+
     Returns:
       `(y [T, H, P] in x.dtype, final_states [S, H, P, N] float32)`, plus the updated
       workspace (same shape, float32) when one was passed.
 
     Raises:
-      ValueError: bad shapes or dtypes, `H % G != 0`, invalid concrete `cu_seqlens`, an
+      ValueError: bad shapes or dtypes, `H % G != 0`, invalid concrete `cu_seqlens` (a list
+        entry that is a float or outside int32 included), a concrete non-finite `A`, an
         unsupported `chunk_size`, a workspace that does not fit. Raised before tracing.
       NotImplementedError: `x` in a floating dtype other than float32/bfloat16/float16.
     """
