@@ -34,7 +34,6 @@ from jaxarena import (
 )
 from jaxarena._arena.report import plot_plan
 from jaxarena._units import format_bytes
-from jaxarena.models.demo import run_demo
 
 DEFAULT_MODEL = "qwen3-8b"
 DEFAULT_LIMITS = {
@@ -382,6 +381,9 @@ def _check_demo(args: argparse.Namespace) -> None:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     _check_demo(args)
+    # Imported here: the model and its kernels cost ~0.4 s of import that plan/budget/fit skip.
+    from jaxarena.models.demo import run_demo
+
     return run_demo(steps=args.steps, batch=args.batch, seed=args.seed)
 
 
