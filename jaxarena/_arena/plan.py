@@ -12,7 +12,6 @@ only array.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import types
 from collections.abc import Mapping
@@ -22,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxarena._arena import packing, record
+from jaxarena._arena import guards, packing, record
 from jaxarena._arena.bytes import (
     ROW_BYTES,
     from_bytes,
@@ -55,11 +54,6 @@ class Region:
     @property
     def end_bytes(self) -> int:
         return self.offset_bytes + self.nbytes
-
-
-def _guard_pattern(n: int) -> np.ndarray:
-    # Position-dependent so that a stray fill of any single byte value is caught.
-    return ((np.arange(n, dtype=np.uint32) * 151 + 0x5A) & 0xFF).astype(np.uint8)
 
 
 # The largest arena: 2^31 rows of ROW_BYTES (row indices are int32), 512 GiB. Far
@@ -346,7 +340,7 @@ class ArenaPlan:
     def _init_local(self) -> jax.Array:
         arena = jnp.zeros(self.arena_shape, jnp.uint8)
         if self.guard_bytes:
-            pattern = _guard_pattern(self.guard_bytes)
+            pattern = guards.guard_pattern(self.guard_bytes)
             for r in self.region_list:
                 arena = store_bytes(arena, r.end_bytes, jnp.asarray(pattern))
         return arena
@@ -469,8 +463,26 @@ class ArenaPlan:
         """Names of the regions whose guard band no longer holds the pattern.
 
         For a sharded arena every device's arena is checked and a region is reported when its
-        guard broke on any device. With `strict=True` a broken guard raises `GuardError`.
-        Call it outside `jit` (it reads the result back to the host).
+        guard broke on any device (`guard_report` says on which). With `strict=True` a broken
+        guard raises `GuardError` naming the regions and the devices. Call it outside `jit`
+        (it reads the result back to the host). When the arena spans several processes
+        (`jax.distributed`, a mesh over every process's devices) this is a collective: EVERY
+        process must call it, and every process gets the same answer, for all devices.
+        """
+        report = self.guard_report(arena)
+        if strict and report:
+            raise GuardError("guard bands overwritten after regions: " + "; ".join(
+                f"{name} on {guards.device_names(devs)}" for name, devs in report.items()
+            ))  # fmt: skip
+        return list(report)
+
+    def guard_report(self, arena: jax.Array) -> dict[str, tuple[jax.Device, ...]]:
+        """`{region name: the devices whose guard after it broke}`, for every broken guard.
+
+        Regions in layout order, devices in mesh order (`jax.Device`: `.id`,
+        `.process_index`); empty when every guard holds. Each device checks its own copy, so
+        in an arena replicated over some mesh axes only the copies that broke are named. A
+        collective across processes, like `check_guards` (see `jaxarena._arena.guards`).
         """
         if not self.guard_bytes:
             raise ArenaError("check_guards: this plan has no guard bands (guard_bytes=0)")
@@ -490,32 +502,7 @@ class ArenaPlan:
                 f"expected this plan's uint8{list(self.arena_shape)} array, or a sharded "
                 f"jax.Array of uint8[k * {rows}, {ROW_BYTES}] (plan.allocate(sharding=...))"
             )
-        if not sharded:
-            ok = np.asarray(self._guards_ok(jnp.asarray(arena)))[None]
-        else:
-            ok = np.asarray(self._sharded_guards_ok(arena.sharding)(arena))
-        broken = [r.name for i, r in enumerate(self.region_list) if not ok[:, i].all()]
-        if strict and broken:
-            raise GuardError(f"guard bands overwritten after regions: {', '.join(broken)}")
-        return broken
-
-    def _sharded_guards_ok(self, sharding: Any):
-        # One shard_map over the global array: a single compile checks every device's arena.
-        self._num_shards(sharding)
-        spec = sharding.spec
-        return jax.jit(
-            jax.shard_map(lambda a: self._guards_ok(a)[None], mesh=sharding.mesh,
-                          in_specs=(spec,), out_specs=jax.sharding.PartitionSpec(spec[0]))
-        )  # fmt: skip
-
-    @functools.partial(jax.jit, static_argnums=0)
-    def _guards_ok(self, arena: jax.Array) -> jax.Array:
-        self._check_arena(arena, "check_guards")
-        pattern = jnp.asarray(_guard_pattern(self.guard_bytes))
-        return jnp.stack(
-            [jnp.all(load_bytes(arena, r.end_bytes, self.guard_bytes) == pattern)
-             for r in self.region_list]
-        )  # fmt: skip
+        return guards.guard_report(self, arena, sharded=sharded)
 
     # -- packing (issue 8) ------------------------------------------------------------------------
     # The lifetimes a packed plan was built for (None for other plans). Not part of equality or
