@@ -155,6 +155,9 @@ def shard_attention_weights(
     projection row-parallel) and the KV heads those query heads read: `Hkv/tp` heads when
     `Hkv >= tp`, else one replicated copy of KV head `d // (tp // Hkv)`.
 
+    With a mesh spanning processes, every process passes the same unsharded weights (they
+    are cut on the host) and each places only its own devices' slices.
+
     Returns:
       `AttentionWeights` with a leading `tp` axis on every leaf, sharded `P(axis)`.
     """
@@ -217,6 +220,11 @@ def make_tp_attention_step(
         x: `[M, hidden_size]` of `dtype`, replicated; `M` must fit the plan's regions (at most
           the `max_batch_tokens` the sizes were built for), else `ArenaError` at trace time.
         y: `[M, hidden_size]` of `dtype`, replicated: `x + o_proj(attention(rms_norm(x)))`.
+
+      The mesh may span `jax.distributed` processes (tests/distributed/): every process calls
+      `step` with the same `x` (an uncommitted array such as `jnp.asarray(host_rows)`), the
+      all-reduce crosses processes, and every process can read `y`; each reads only its own
+      devices' arenas (`arena.addressable_shards`).
 
     Raises:
       ValueError: no attention heads, an unknown mesh axis or an unsupported dtype.
