@@ -22,7 +22,8 @@ stderr says which process failed and how.
 From Python (tests), `launch(command, processes=..., devices_per_process=...)` does the same
 and returns a `LaunchResult` with every process's exit status and output.
 
-This module imports only the standard library; `initialize` imports JAX when it is called.
+This module imports only the standard library (`initialize` imports JAX when called), so the
+launcher never starts a JAX backend itself.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
 __all__ = [
+    "DEFAULT_GRACE_S",
     "ENV_COORDINATOR",
     "ENV_DEVICES_PER_PROCESS",
     "ENV_NUM_PROCESSES",
@@ -49,6 +51,7 @@ __all__ = [
     "LaunchInfo",
     "LaunchResult",
     "ProcessResult",
+    "TIMEOUT_EXIT",
     "child_environment",
     "free_port",
     "initialize",
@@ -205,16 +208,6 @@ def _signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         pass  # the group is gone already
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def launch(

@@ -7,6 +7,7 @@ pids to a temporary folder so the tests can check that every one of them has end
 
 from __future__ import annotations
 
+import inspect
 import io
 import json
 import os
@@ -56,6 +57,21 @@ def _assert_all_gone(result: L.LaunchResult, tmp_path: Path) -> None:
     assert pids == result.pids  # the workers ran as the processes the launcher started
     alive = [pid for pid in pids if not _gone(pid)]
     assert not alive, f"children still running after the launch: {alive}"
+
+
+def test_every_public_name_exists_and_has_a_docstring():
+    assert len(set(L.__all__)) == len(L.__all__)
+    missing = []
+    for name in L.__all__:
+        obj = getattr(L, name)
+        if inspect.isclass(obj) or inspect.isfunction(obj):
+            members = vars(obj).items() if inspect.isclass(obj) else []
+            for label, member in [(name, obj)] + [
+                (f"{name}.{a}", m) for a, m in members if not a.startswith("_") and callable(m)
+            ]:
+                if not (getattr(member, "__doc__", "") or "").strip():
+                    missing.append(label)
+    assert not missing, f"public names without a docstring: {missing}"
 
 
 # -- the launcher -----------------------------------------------------------------------------
