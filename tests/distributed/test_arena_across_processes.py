@@ -156,3 +156,22 @@ def test_tp_attention_across_processes_matches_one_process(tp_runs):
         assert rec["step_argument_bytes_per_device"] == total + per_device_weights + x_bytes
         assert rec["step_alias_bytes_per_device"] == total
     np.testing.assert_array_equal(tp_runs[0][1], tp_runs[1][1])  # one replicated result
+
+
+def test_the_readme_several_hosts_command_runs():
+    # README "Several hosts": the launch command, as written there, on examples/several_hosts.py.
+    readme = (WORKERS.parents[2] / "README.md").read_text()
+    command = (
+        "python -m jaxarena.launch --processes 2 --devices-per-process 4 -- "
+        "python examples/several_hosts.py"
+    )
+    assert command in readme
+    example = WORKERS.parents[2] / "examples" / "several_hosts.py"
+    result = L.launch([sys.executable, str(example)], processes=PROCESSES,
+                      devices_per_process=DEVICES, timeout=JAX_TIMEOUT_S,
+                      grace_s=GRACE_S)  # fmt: skip
+    assert result.ok, _explain(result)
+    for me, p in enumerate(result.processes):
+        (line,) = [s for s in p.stdout if s.startswith("process ")]
+        assert line.startswith(f"process {me} of {PROCESSES}: devices ")
+        assert "of 8; arena " in line and "in place: True; broken guards: none" in line
