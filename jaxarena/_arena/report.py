@@ -342,8 +342,12 @@ def _totals(plan: ArenaPlan, sequential: ArenaPlan | None) -> str:
     parts = [f"{len(plan.region_list)} regions"]
     if plan.lifetimes is not None:
         lb = plan.lower_bound_bytes
-        parts.insert(0, f"packed {format_bytes(plan.total_bytes)} "
-                     f"= {plan.total_bytes / lb:.3f} x lower bound {format_bytes(lb)}")  # fmt: skip
+        head = f"packed {format_bytes(plan.total_bytes)}"
+        if lb:
+            head += f" = {plan.total_bytes / lb:.3f} x lower bound {format_bytes(lb)}"
+        else:
+            head += ", lower bound 0 B (nothing is live)"
+        parts.insert(0, head)
     else:
         parts.insert(0, f"total {format_bytes(plan.total_bytes)}")
     if sequential is not None:

@@ -314,3 +314,25 @@ def test_budget_bars_are_the_segments():
         assert "max_batch_tokens=8192" in title and ("fits" in title) == b.fits
     finally:
         plt.close(fig)
+
+
+def test_a_plan_without_lifetimes_is_one_strip_and_an_empty_plan_draws():
+    import matplotlib.pyplot as plt
+
+    plan = ArenaPlan.sequential({"a": 1000, "b": 0, "c": 5000})
+    fig = draw_plan(plan, title="t")
+    try:
+        (ax,) = fig.axes
+        assert ax.get_label() == "strip:plan"
+        assert sorted(rects(ax)) == [("a", 0.0, 1.0, 0.0, 1000.0), ("c", 0.0, 1.0, 1024.0, 6024.0)]
+        assert [ln.get_gid() for ln in ax.get_lines() if ln.get_gid()] == []
+    finally:
+        plt.close(fig)
+    lt = Lifetimes({"a": [("decode", 0, 1)]}, num_steps={"decode": 2})
+    empty = ArenaPlan.packed({"a": 0}, lt)
+    fig = draw_plan(empty)
+    try:
+        assert [rects(ax) for ax in fig.axes] == [[]]
+        assert "lower bound 0 B" in fig.texts[0].get_text()
+    finally:
+        plt.close(fig)
