@@ -53,9 +53,11 @@ def _gone(pid: int, wait_s: float = 5.0) -> bool:
 
 
 def _assert_all_gone(result: L.LaunchResult, tmp_path: Path) -> None:
-    pids = [int((tmp_path / f"pid_p{i}").read_text()) for i in range(len(result.processes))]
-    assert pids == result.pids  # the workers ran as the processes the launcher started
-    alive = [pid for pid in pids if not _gone(pid)]
+    for i, pid in enumerate(result.pids):
+        mark = tmp_path / f"pid_p{i}"
+        if mark.exists():  # the worker ran as the process the launcher started
+            assert int(mark.read_text()) == pid
+    alive = [pid for pid in result.pids if not _gone(pid)]
     assert not alive, f"children still running after the launch: {alive}"
 
 
@@ -161,7 +163,7 @@ def test_a_failing_child_ends_the_launch_at_once(tmp_path, mode, how, returncode
     for i in (0, 2):
         p = result.processes[i]
         assert p.ended_by_launcher and p.returncode == -signal.SIGTERM
-    assert result.wall_s < 30, result.wall_s  # the child fails after 0.5 s; not the timeout
+    assert result.wall_s < 30, result.wall_s  # the child fails at once; not the 60 s timeout
     _assert_all_gone(result, tmp_path)
 
 
@@ -189,7 +191,10 @@ def test_a_child_ignoring_sigterm_is_killed_after_the_grace_period(tmp_path):
 def test_command_line_prefixes_output_and_exits_with_the_failure(tmp_path, capsys):
     worker = str(WORKERS / "launch_worker.py")
     args = ["--processes", "2", "--timeout", "60", "--grace", "1", "--", sys.executable, worker]
-    assert L.main([*args, "ok", str(tmp_path)]) == 0
+    ok_dir, kill_dir = tmp_path / "ok", tmp_path / "kill"  # fresh pid files for each run
+    ok_dir.mkdir()
+    kill_dir.mkdir()
+    assert L.main([*args, "ok", str(ok_dir)]) == 0
     out, err = capsys.readouterr()
     assert sorted(out.splitlines()) == [
         "[p0] hello from 0", "[p0] second line from 0", "[p1] hello from 1",
@@ -200,15 +205,15 @@ def test_command_line_prefixes_output_and_exits_with_the_failure(tmp_path, capsy
         L.main(args[:4])
     assert usage.value.code == 2 and "no command given" in capsys.readouterr().err
     # The module entry point, in a process of its own: the failed child's code, one last line.
-    bad = subprocess.run([sys.executable, "-m", "jaxarena.launch", *args, "kill", str(tmp_path)],
+    bad = subprocess.run([sys.executable, "-m", "jaxarena.launch", *args, "kill", str(kill_dir)],
                          capture_output=True, text=True, timeout=120)  # fmt: skip
     assert bad.returncode == 128 + signal.SIGKILL, bad.stderr
     last = bad.stderr.strip().splitlines()[-1]
     assert last == (
-        f"jaxarena.launch: process 1 (pid {(tmp_path / 'pid_p1').read_text()}) was killed by "
+        f"jaxarena.launch: process 1 (pid {(kill_dir / 'pid_p1').read_text()}) was killed by "
         "SIGKILL; ended the other processes still running: p0"
     )
-    assert _gone(int((tmp_path / "pid_p0").read_text()))
+    assert _gone(int((kill_dir / "pid_p0").read_text()))
 
 
 # -- JAX across processes -------------------------------------------------------------------------

@@ -2,12 +2,16 @@
 
     python tests/distributed/workers/launch_worker.py MODE OUT_DIR
 
-Modes (every process writes `OUT_DIR/pid_p<id>` with its OS pid first):
+Modes (every process writes `OUT_DIR/pid_p<id>` with its OS pid once it is set up; a
+process that fails on purpose first waits for what the test will look at, so a slow start on a
+loaded machine changes nothing):
   ok      prints two stdout lines and one stderr line, and the launch environment as JSON.
-  exit    process 1 exits with code 3; the others sleep (they never finish on their own).
-  kill    process 1 kills itself with SIGKILL; the others sleep.
+  exit    process 1 exits with code 3 once every process is up; the others sleep (they never
+          finish on their own).
+  kill    process 1 kills itself with SIGKILL once every process is up; the others sleep.
   hang    every process sleeps (only the timeout ends the run).
-  stubborn  process 0 ignores SIGTERM and sleeps; process 1 exits with code 2 after 1 s.
+  stubborn  process 0 ignores SIGTERM and sleeps; process 1 exits with code 2 once process 0
+          ignores SIGTERM.
   jax     JAX across processes: every process joins the launch and runs one cross-process
           psum; process 0 then starts a grandchild (`sleep`, pid in OUT_DIR/grandchild) and
           enters a second psum, while process 1 crashes (`os._exit(3)`) instead: process 0 is
@@ -30,14 +34,28 @@ import time
 LONG_S = 600  # "forever" for a test: far longer than any timeout the tests use
 
 
-def _pid_file(out: str, me: int) -> None:
-    with open(os.path.join(out, f"pid_p{me}"), "w") as f:
-        f.write(str(os.getpid()))
+def _mark(out: str, name: str, text: str) -> None:
+    """Writes `OUT_DIR/name` atomically (a reader never sees it half written)."""
+    tmp = os.path.join(out, f".{name}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, os.path.join(out, name))
+
+
+def _wait_for(out: str, *names: str, timeout_s: float = 60.0) -> None:
+    stop = time.monotonic() + timeout_s
+    while not all(os.path.exists(os.path.join(out, n)) for n in names):
+        if time.monotonic() > stop:
+            raise SystemExit(f"waited {timeout_s} s for {names} in {out}")
+        time.sleep(0.02)
 
 
 def main(mode: str, out: str) -> None:
     me = int(os.environ["JAXARENA_PROCESS_ID"])
-    _pid_file(out, me)
+    n = int(os.environ["JAXARENA_NUM_PROCESSES"])
+    if mode == "stubborn" and me == 0:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _mark(out, f"pid_p{me}", str(os.getpid()))
     if mode == "ok":
         print(f"hello from {me}", flush=True)
         print(f"second line from {me}", flush=True)
@@ -48,7 +66,7 @@ def main(mode: str, out: str) -> None:
             json.dump({k: os.environ.get(k) for k in keys}, f)
     elif mode in ("exit", "kill"):
         if me == 1:
-            time.sleep(0.5)  # the others are well under way
+            _wait_for(out, *(f"pid_p{i}" for i in range(n)))
             if mode == "exit":
                 sys.exit(3)
             os.kill(os.getpid(), signal.SIGKILL)
@@ -57,9 +75,8 @@ def main(mode: str, out: str) -> None:
         time.sleep(LONG_S)
     elif mode == "stubborn":
         if me == 0:
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            time.sleep(LONG_S)
-        time.sleep(1.0)
+            time.sleep(LONG_S)  # SIGTERM is ignored (above)
+        _wait_for(out, "pid_p0")
         sys.exit(2)
     elif mode in ("jax", "raise"):
         _jax_dies_mid_run(me, out, mode)
@@ -87,13 +104,14 @@ def _jax_dies_mid_run(me: int, out: str, mode: str) -> None:
     first = total(ones)
     assert float(np.asarray(first.addressable_shards[0].data)[0]) == n
     print(f"process {me}: first psum over {n} devices done", flush=True)
+    if me == 1:
+        _wait_for(out, "grandchild")  # process 0 is past the psum and has its grandchild
     if me == 1 and mode == "raise":
         raise RuntimeError("process 1 fails on purpose")
     if me == 1:
         os._exit(3)  # crashes mid-run (no clean-up), before the second collective
     child = subprocess.Popen(["sleep", str(LONG_S)])
-    with open(os.path.join(out, "grandchild"), "w") as f:
-        f.write(str(child.pid))
+    _mark(out, "grandchild", str(child.pid))
     second = total(ones * jnp.float32(2))  # blocks: process 1 never joins
     second.block_until_ready()
     print(f"process {me}: the second psum returned, which it must not", flush=True)
