@@ -1,0 +1,60 @@
+"""Loaded fixture checkpoints for the model tests: each is loaded and compiled once for the
+whole session (the `runs` fixture in conftest.py), and its runs on the reference prompts are
+shared by every test."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from jaxarena.models import load_pretrained
+
+CHECKPOINTS = Path(__file__).resolve().parent.parent / "fixtures" / "checkpoints"
+# Serve limits of every fixture run: prompts of <= 16 tokens + 8 new ones, 4 per batch.
+LIMITS = dict(max_batch_tokens=64, max_seq_len=32, kv_block_size=16, max_batch_size=4)
+NEW_TOKENS = 8
+
+
+def reference(name: str) -> dict[str, Any]:
+    """transformers' outputs for fixture `name` (see tests/fixtures/checkpoints/README.md)."""
+    with np.load(CHECKPOINTS / name / "reference.npz") as r:
+        ref = {k: r[k] for k in r.files}
+    n = len(ref["prompt_lengths"])
+    ref["prompts"] = [
+        ref["prompt_ids"][i, :m].tolist() for i, m in enumerate(ref["prompt_lengths"])
+    ]
+    ref["prefill"] = [ref[f"prefill_logits_{i}"] for i in range(n)]
+    ref["greedy_logits"] = np.stack([ref[f"greedy_logits_{i}"] for i in range(n)])
+    return ref
+
+
+class Runs:
+    """Loads a fixture once and runs it once on the reference prompts."""
+
+    def __init__(self) -> None:
+        self._lm: dict[str, Any] = {}
+        self._runs: dict[str, dict[str, Any]] = {}
+
+    def lm(self, name: str):
+        if name not in self._lm:
+            self._lm[name] = load_pretrained(CHECKPOINTS / name, **LIMITS)
+        return self._lm[name]
+
+    def run(self, name: str) -> dict[str, Any]:
+        if name not in self._runs:
+            lm, ref = self.lm(name), reference(name)
+            prefill = [lm.prefill_logits(p) for p in ref["prompts"]]
+            tokens, logits = lm.generate(ref["prompts"], NEW_TOKENS, return_logits=True)
+            tokens = np.asarray(tokens)
+            # Teacher forcing: the whole sequence recomputed by prefill alone; row len(p) - 1 + j
+            # chose new token j.
+            forced = []
+            for p, new in zip(ref["prompts"], tokens, strict=True):
+                full = lm.prefill_logits(p + new[:-1].tolist())
+                forced.append(full[len(p) - 1 :])
+            self._runs[name] = dict(
+                ref=ref, prefill=prefill, tokens=tokens, logits=logits, forced=np.stack(forced)
+            )
+        return self._runs[name]
