@@ -74,7 +74,7 @@ _ROW_BYTES = 256
 _WORD = 4
 _WORDS_PER_ROW = _ROW_BYTES // _WORD
 _I32_LIMIT = 2**31
-_PACK_TILE = 128  # tokens per grid step of the UE8M0 packing pass
+_PACK_TILE = 128  # most tokens per grid step of the UE8M0 packing pass
 
 
 def _align4(m: int) -> int:
@@ -217,7 +217,7 @@ def _quantize(
 def _pack_ue8m0(scales: jax.Array) -> jax.Array:
     """`float32[R, nb]` power-of-two scales -> `int32[ceil(nb / 4), R]` packed exponents."""
     r, nb = scales.shape
-    exps = jax.lax.shift_right_logical(jax.lax.bitcast_convert_type(scales, jnp.uint32), 23)
+    exps = jax.lax.shift_right_logical(jax.lax.bitcast_convert_type(scales, jnp.uint32), jnp.uint32(23))
     exps = jnp.pad(exps, ((0, 0), (0, -nb % 4))).reshape(r, -1, 4)
     words = exps[..., 0] | exps[..., 1] << 8 | exps[..., 2] << 16 | exps[..., 3] << 24
     return jax.lax.bitcast_convert_type(words, jnp.int32).T
@@ -431,16 +431,26 @@ def _inplace_kernel(*refs, fused: bool, m: int, k: int, rows: int, num_blocks: i
         plgpu.store(arena_ref.at[jnp.minimum(trow, last_row), tcol], s_bits, mask=s_ok)
 
 
+def _pack_tile(rows: int) -> int:
+    """Tokens per packing step: a power of two dividing `rows` (a multiple of 16), so no lane
+    is masked (the interpreter's masked scatter would write a clamped duplicate index back)."""
+    tile = _PACK_TILE
+    while rows % tile:
+        tile //= 2
+    return tile
+
+
 def _pack_kernel(_, arena_ref, *, rows: int, num_blocks: int, s_row0: int, t_row0: int,
                  arena_rows: int) -> None:  # fmt: skip
     """Packs the row-major ue8m0 scales (already in the arena) into `int32[nb4, rows]` words:
-    one word (4 groups) for `_PACK_TILE` tokens per grid step."""
+    one word (4 groups) for `_pack_tile(rows)` tokens per grid step."""
     i, g = pl.program_id(0), pl.program_id(1)
-    tr = i * _PACK_TILE + jax.lax.broadcasted_iota(jnp.int32, (_PACK_TILE,), 0)
+    tile = _pack_tile(rows)
+    tr = i * tile + jax.lax.broadcasted_iota(jnp.int32, (tile,), 0)
     ok = tr < rows
     tr_c = jnp.minimum(tr, rows - 1)
     last_row = arena_rows - 1
-    word = jnp.zeros((_PACK_TILE,), jnp.uint32)
+    word = jnp.zeros((tile,), jnp.uint32)
     for b in range(_WORD):
         group = 4 * g + b
         srow, scol = _word_position(s_row0, (tr_c * num_blocks + jnp.minimum(group, num_blocks - 1))
@@ -477,6 +487,9 @@ def _quantize_inplace(
     num_blocks = pl.cdiv(k, block_size)
     width = pl.next_power_of_2(block_size)
     tile = _row_tile(rows, width)
+    # rows = ceil16(M): the tile divides it, so no row lane is masked (the interpreter's masked
+    # scatter would write a clamped duplicate index back with its old value).
+    assert rows % tile == 0, (rows, tile)
     arena_rows = arena.shape[0]
     # A reinterpretation of the whole arena: XLA compiles it (and its inverse) to a bitcast.
     words = jax.lax.bitcast_convert_type(
@@ -527,7 +540,7 @@ def _quantize_inplace(
         )
         words = pl.pallas_call(
             pack,
-            grid=(pl.cdiv(rows, _PACK_TILE), pl.cdiv(num_blocks, 4)),
+            grid=(rows // _pack_tile(rows), pl.cdiv(num_blocks, 4)),
             in_specs=[any_spec],
             out_specs=any_spec,
             out_shape=jax.ShapeDtypeStruct(words.shape, jnp.uint32),

@@ -1,0 +1,707 @@
+"""Compile for an NVIDIA GPU without one: deviceless ahead-of-time compilation, footprints,
+kernel launches and per-kernel registers.
+
+With the CUDA PJRT plugin installed (`pip install "jax[cuda13-local]"` at jaxlib's version) and
+`JAX_PLATFORMS=cpu`, JAX can build a compile-only device from a target description. XLA's whole
+GPU pipeline then runs on the CPU machine: fusion, buffer assignment, Triton to PTX, and
+`ptxas`. What comes out is what an H200 (or B200) would run:
+
+    from jaxarena.gpu_aot import compile_for_gpu
+    res = compile_for_gpu(step, arena_sds, x_sds, donate_argnums=0, dump_dir=True)
+    res.temp_bytes, res.alias_bytes      # the GPU footprint beside the arguments
+    res.launches                         # kernels + copies + memsets per call
+    res.kernels                          # registers / spills per kernel (ptxas -v)
+
+Pallas kernels must be traced with `interpret=False` (the backend JAX sees is the CPU).
+
+Target descriptions are openxla/xla's device specs (`jaxarena/gpu_specs/*.txtpb`, see the
+source commit in each file), with fields jaxlib 0.10.2 does not know removed.
+
+What counts as a launch (`GpuCompiled.launches`): every operation the host puts on a GPU
+stream per call of the executable, taken from XLA's thunk sequence: a kernel (an XLA fusion, a
+Triton/Pallas kernel, a library call such as a cuBLAS GEMM or another custom call), a device
+copy (`kCopy`, a memcpy) and a memset. Control flow (`kWhile`, `kConditional`, `kSequential`,
+`kCommandBuffer`) is not a launch itself; its contents are, a while loop's body counted
+`trip_count` times and its condition `trip_count + 1` times (XLA's `known_trip_count`), a
+conditional's largest branch once. Kinds not known to this module are counted as launches and
+listed in `GpuCompiled.unknown_thunk_kinds`, so a count is never low by omission.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from importlib import resources
+from typing import Any
+
+import jax
+import numpy as np
+
+__all__ = [
+    "TARGETS",
+    "GpuCompiled",
+    "GpuUnavailable",
+    "KernelResources",
+    "RegisterSpillError",
+    "Thunk",
+    "abstract_gpu",
+    "compile_for_gpu",
+    "count_launches",
+    "gpu_device",
+    "on_gpu",
+    "parse_ptxas_output",
+    "parse_thunk_sequence",
+    "ptxas_resources",
+    "target_config",
+]
+
+TARGETS: dict[str, tuple[str, str]] = {
+    "h200": ("h200.txtpb", "NVIDIA H200"),
+    "b200": ("b200.txtpb", "NVIDIA B200"),
+}
+"""target name -> (spec file under `jaxarena/gpu_specs`, device kind for the abstract mesh)."""
+
+# XLA flag that turns a register spill reported by ptxas into a compile error.
+_NO_SPILLS_OPTION = "xla_gpu_fail_ptx_compilation_on_register_spilling"
+
+_CONTAINER_KINDS = frozenset({"kWhile", "kConditional", "kSequential", "kCommandBuffer"})
+_LAUNCH_KINDS = frozenset(
+    {
+        # kernels
+        "kKernel", "kCustomKernel", "kCustomCall", "kGemm", "kCublasLtMatmul", "kConvolution",
+        "kConvolutionReorder", "kCuDnn", "kCudnn", "kFft", "kTriangularSolve", "kCholesky",
+        "kNorm", "kFusedMHA", "kTopK", "kDynamicSliceFusion", "kTriton",
+        # copies and memsets
+        "kCopy", "kDeviceToDeviceCopy", "kCopyDone", "kMemset32BitValue", "kMemzero",
+        # collectives (one kernel each on one device)
+        "kAllReduce", "kAllGather", "kReduceScatter", "kAllToAll", "kCollectivePermute",
+        "kRaggedAllToAll",
+    }
+)  # fmt: skip
+_NON_LAUNCH_KINDS = frozenset(
+    {"kWaitForStreams", "kRecordEvent", "kWaitForEvent", "kInfeed", "kOutfeed",
+     "kSend", "kSendDone", "kRecv", "kRecvDone", "kHostSend", "kHostRecv"}
+)  # fmt: skip
+
+
+class GpuUnavailable(RuntimeError):
+    """No compile-only GPU device can be made here; `reason` says why and how to fix it."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class RegisterSpillError(RuntimeError):
+    """Compilation failed because a kernel spills registers (the no-spill switch was on).
+
+    Attributes:
+      kernels: per-kernel resources from `ptxas -v` when a dump was requested (else empty), so
+        the failing kernel and its spill bytes can be named.
+    """
+
+    def __init__(self, message: str, kernels: Sequence[KernelResources] = ()) -> None:
+        super().__init__(message)
+        self.kernels = list(kernels)
+
+
+# -- the device -----------------------------------------------------------------------------
+
+
+def _check_target(target: str) -> str:
+    if not isinstance(target, str) or target.lower() not in TARGETS:
+        raise ValueError(f"target={target!r} is not one of {sorted(TARGETS)}")
+    return target.lower()
+
+
+def target_config(target: str = "h200") -> str:
+    """The `GpuTargetConfigProto` text of `target` ("h200" or "b200"), from the package data."""
+    filename, _ = TARGETS[_check_target(target)]
+    return resources.files("jaxarena").joinpath("gpu_specs", filename).read_text()
+
+
+def _cuda_plugin_module() -> str | None:
+    for name in ("jax_plugins.xla_cuda13", "jax_plugins.xla_cuda12"):
+        try:
+            if importlib.util.find_spec(name) is not None:
+                return name
+        except (ImportError, ValueError):
+            continue
+    return None
+
+
+def _register_cuda_plugin_for_topology(module_name: str) -> None:
+    """Registers the CUDA plugin's topology factory after its CUDA check failed.
+
+    Without a GPU the plugin's import-time check of the CUDA libraries fails unless
+    `JAX_PLATFORMS` excludes CUDA, and then no CUDA topology exists. The backends are
+    initialized first (so the late registration cannot add a CUDA backend that would fail
+    later), then the plugin registers with its library check skipped: this only makes the
+    compile-only topology available.
+    """
+    import importlib
+
+    jax.devices()  # initialize (and freeze) the backends first
+    plugin = importlib.import_module(module_name)
+    old = os.environ.get("JAX_SKIP_CUDA_CONSTRAINTS_CHECK")
+    os.environ["JAX_SKIP_CUDA_CONSTRAINTS_CHECK"] = "1"
+    try:
+        plugin.initialize()
+    finally:
+        if old is None:
+            os.environ.pop("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", None)
+        else:
+            os.environ["JAX_SKIP_CUDA_CONSTRAINTS_CHECK"] = old
+
+
+@functools.cache
+def gpu_device(target: str = "h200") -> Any:
+    """A compile-only device of the given GPU: arrays cannot live there, programs compile for it.
+
+    Made with `jax.experimental.topologies.get_topology_desc(platform="cuda",
+    target_config=..., topology="1x1x1")`. Works on a CPU-only machine with the CUDA PJRT
+    plugin installed; run with `JAX_PLATFORMS=cpu` there (otherwise the plugin's CUDA check
+    fails at import; this function then retries the registration with the check skipped).
+
+    Raises:
+      GpuUnavailable: the CUDA plugin is missing or cannot make a topology; the reason says
+        which and how to fix it.
+      ValueError: unknown `target`.
+    """
+    target = _check_target(target)
+    from jax.experimental import topologies
+
+    text = target_config(target)
+
+    def make() -> Any:
+        topo = topologies.get_topology_desc(platform="cuda", target_config=text, topology="1x1x1")
+        return topo.devices[0]
+
+    module_name = _cuda_plugin_module()
+    if module_name is None:
+        raise GpuUnavailable(
+            "the CUDA PJRT plugin is not installed (no jax_plugins.xla_cuda13 or xla_cuda12); "
+            f'install it at jaxlib\'s version: pip install "jax[cuda13-local]=={jax.__version__}"'
+        )
+    try:
+        return make()
+    except NotImplementedError as first:
+        # "topology not implemented for cuda": the plugin did not register.
+        try:
+            _register_cuda_plugin_for_topology(module_name)
+            return make()
+        except Exception as e:  # noqa: BLE001 - any failure here means: no GPU compiles
+            raise GpuUnavailable(
+                f"{module_name} is installed but registered no CUDA topology ({first}); "
+                f"registering it again failed with {type(e).__name__}: {e}. Without a GPU run "
+                "with JAX_PLATFORMS=cpu, and install jax-cuda13-plugin and jax-cuda13-pjrt at "
+                f"exactly jaxlib's version ({jax.__version__})"
+            ) from e
+    except Exception as e:  # noqa: BLE001
+        raise GpuUnavailable(
+            f"{module_name} could not make a {target} topology: {type(e).__name__}: {e}. "
+            "Check that jax-cuda13-plugin and jax-cuda13-pjrt match jaxlib "
+            f"({jax.__version__}) and that ptxas (CUDA 12.8+/13) is on PATH or CUDA_ROOT"
+        ) from e
+
+
+@contextlib.contextmanager
+def abstract_gpu(target: str = "h200") -> Iterator[None]:
+    """Context in which Pallas lowers for `target` though the process has no GPU.
+
+    jax >= 0.11 refuses to lower a Pallas-Triton call with no GPU unless an abstract GPU device
+    is set; it reads only the abstract mesh's device. A one-device `AxisType.Auto` mesh is
+    used (with `Explicit` axes the arena writes fail with a sharding mismatch). jax 0.10.2 has
+    the same names (`jax.sharding.AbstractMesh`, `AbstractDevice`, `AxisType`,
+    `use_abstract_mesh`) and is unaffected by it.
+    """
+    _, kind = TARGETS[_check_target(target)]
+    from jax.sharding import AbstractDevice, AbstractMesh, AxisType, use_abstract_mesh
+
+    mesh = AbstractMesh(
+        (1,), ("x",), (AxisType.Auto,), abstract_device=AbstractDevice(kind, 1, "cuda")
+    )
+    with use_abstract_mesh(mesh):
+        yield
+
+
+def on_gpu(tree: Any, target: str = "h200") -> Any:
+    """Replaces every array-like leaf (array, `ShapeDtypeStruct`, numpy array) of `tree` by a
+    `ShapeDtypeStruct` placed on `gpu_device(target)`; other leaves are kept as they are."""
+    sharding = jax.sharding.SingleDeviceSharding(gpu_device(target))
+
+    def place(leaf: Any) -> Any:
+        if isinstance(leaf, jax.ShapeDtypeStruct | jax.Array | np.ndarray):
+            return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding)
+        return leaf
+
+    return jax.tree.map(place, tree)
+
+
+# -- the thunk sequence --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Thunk:
+    """One entry of XLA's thunk sequence (`*.thunk_sequence.txt`).
+
+    Attributes:
+      thunk_id: XLA's thunk id (the number before the colon).
+      kind: e.g. `kCustomKernel`, `kCopy`, `kWhile`.
+      name: the kernel name for kernels (`fp8_block_quant`, `loop_add_fusion`), else "".
+      grid, threads: launch dimensions of kernels, else None.
+      shared_memory_bytes: dynamic shared memory of kernels, else None.
+      sections: for containers, section name (`condition`, `body`, ...) -> child thunks.
+      trip_count: for `kWhile`, XLA's known trip count (None when unknown).
+    """
+
+    thunk_id: int
+    kind: str
+    name: str = ""
+    grid: tuple[int, ...] | None = None
+    threads: tuple[int, ...] | None = None
+    shared_memory_bytes: int | None = None
+    sections: dict[str, list[Thunk]] = dataclasses.field(default_factory=dict)
+    trip_count: int | None = None
+
+
+_THUNK_LINE = re.compile(r"^(\s*)(\d+):\s+(k\w+)\s*(?:\[[^\]]*\])?\s*(.*?)\s*$")
+_HEADER_LINE = re.compile(r"^\s*([A-Za-z][\w ]*?)\s*:\s*$")
+_KERNEL_REST = re.compile(
+    r"^(\S+)\s+grid:\s*\[([\d, ]+)\]\s+threads:\s*\[([\d, ]+)\]\s+shared_memory:\s*(\d+)"
+)
+
+
+def parse_thunk_sequence(text: str) -> list[Thunk]:
+    """Parses XLA's `*.thunk_sequence.txt` dump into a tree of `Thunk`s (top level returned).
+
+    Nested thunks are indented under their container; a container's sections are introduced by
+    header lines (`condition:`, `body:`, `branch 0:`); children before any header land in
+    section "".
+    """
+    top: list[Thunk] = []
+    stack: list[tuple[int, Thunk, list[str]]] = []  # (indent, container, [current section])
+    pending: str | None = None
+    for line in text.splitlines():
+        m = _THUNK_LINE.match(line)
+        if m is None:
+            h = _HEADER_LINE.match(line)
+            if h is not None:
+                pending = h.group(1)
+            continue
+        indent, tid, kind, rest = len(m.group(1)), int(m.group(2)), m.group(3), m.group(4)
+        thunk = Thunk(tid, kind)
+        k = _KERNEL_REST.match(rest)
+        if k is not None:
+            thunk.name = k.group(1)
+            thunk.grid = tuple(int(v) for v in k.group(2).split(","))
+            thunk.threads = tuple(int(v) for v in k.group(3).split(","))
+            thunk.shared_memory_bytes = int(k.group(4))
+        elif rest and kind not in _CONTAINER_KINDS:
+            thunk.name = rest.split()[0]
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        if stack:
+            _, parent, current = stack[-1]
+            if pending is not None:
+                current[0] = pending
+            parent.sections.setdefault(current[0], []).append(thunk)
+        else:
+            top.append(thunk)
+        pending = None
+        if kind in _CONTAINER_KINDS:
+            stack.append((indent, thunk, [""]))
+    return top
+
+
+def _walk(thunks: Sequence[Thunk]) -> Iterator[Thunk]:
+    for t in thunks:
+        yield t
+        for children in t.sections.values():
+            yield from _walk(children)
+
+
+def count_launches(thunks: Sequence[Thunk], *, per_call: bool = True) -> int | None:
+    """Launches of a thunk tree (see the module docstring for what counts as a launch).
+
+    With `per_call=False` every thunk counts once (the static count); with `per_call=True`
+    while loops are multiplied out by their trip counts, and None is returned when one is
+    unknown.
+    """
+    total = 0
+    for t in thunks:
+        if t.kind in _NON_LAUNCH_KINDS:
+            continue
+        if t.kind not in _CONTAINER_KINDS:
+            total += 1
+            continue
+        counts = {name: count_launches(ch, per_call=per_call) for name, ch in t.sections.items()}
+        if any(c is None for c in counts.values()):
+            return None
+        if t.kind == "kWhile" and per_call:
+            if t.trip_count is None:
+                return None
+            n = t.trip_count
+            total += n * counts.get("body", 0) + (n + 1) * counts.get("condition", 0)
+            total += sum(c for k, c in counts.items() if k not in ("body", "condition"))
+        elif t.kind == "kConditional" and per_call:
+            total += max(counts.values(), default=0)
+        else:
+            total += sum(counts.values())
+    return total
+
+
+_METADATA_BLOCK = re.compile(
+    r'profile_annotation:\s*"([^"]*)"\s*thunk_id:\s*(\d+)\s*\}\s*thunk_kind:\s*"(\w+)"'
+)
+_TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
+_HLO_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%([\w.\-]+)\s*=")
+
+
+def _while_trip_counts(hlo_text: str) -> dict[str, int]:
+    """Known trip counts of the while instructions in optimized HLO text, by name."""
+    out = {}
+    for line in hlo_text.splitlines():
+        if " while(" not in line:
+            continue
+        name, trip = _HLO_INSTR.match(line), _TRIP_COUNT.search(line)
+        if name is not None and trip is not None:
+            out[name.group(1)] = int(trip.group(1))
+    return out
+
+
+def _attach_trip_counts(thunks: list[Thunk], metadata_text: str, hlo_text: str) -> None:
+    names = {int(tid): ann for ann, tid, _ in _METADATA_BLOCK.findall(metadata_text)}
+    trips = _while_trip_counts(hlo_text)
+    for t in _walk(thunks):
+        if t.kind == "kWhile":
+            t.trip_count = trips.get(names.get(t.thunk_id, ""))
+
+
+# -- ptxas ------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelResources:
+    """What `ptxas -v` reports for one kernel (entry function).
+
+    Attributes:
+      name: the kernel's entry name (a Pallas kernel's `name=`, or an XLA fusion's name).
+      registers: registers per thread.
+      spill_store_bytes, spill_load_bytes: per thread (0 when nothing spills).
+      stack_bytes: the stack frame per thread.
+      static_smem_bytes: statically declared shared memory (Triton's is dynamic: see
+        `Thunk.shared_memory_bytes`).
+      pallas: whether the kernel comes from a Pallas `pallas_call` (a Triton custom call).
+    """
+
+    name: str
+    registers: int
+    spill_store_bytes: int
+    spill_load_bytes: int
+    stack_bytes: int
+    static_smem_bytes: int
+    pallas: bool = False
+
+
+_PTXAS_ENTRY = re.compile(r"Compiling entry function '([^']+)'")
+_PTXAS_PROPS = re.compile(r"Function properties for (\S+)")
+_PTXAS_FRAME = re.compile(
+    r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads"
+)
+_PTXAS_USED = re.compile(r"Used (\d+) registers(?:.*?(\d+) bytes smem)?")
+
+
+def parse_ptxas_output(text: str) -> list[KernelResources]:
+    """Parses `ptxas -v` output (stderr) into one `KernelResources` per entry function."""
+    out: list[KernelResources] = []
+    entry: str | None = None
+    props_for: str | None = None
+    frame = (0, 0, 0)
+    for line in text.splitlines():
+        if m := _PTXAS_ENTRY.search(line):
+            entry, frame = m.group(1), (0, 0, 0)
+        elif m := _PTXAS_PROPS.search(line):
+            props_for = m.group(1)
+        elif (m := _PTXAS_FRAME.search(line)) and props_for == entry:
+            frame = (int(m.group(1)), int(m.group(2)), int(m.group(3)))
+        elif (m := _PTXAS_USED.search(line)) and entry is not None:
+            out.append(
+                KernelResources(
+                    name=entry,
+                    registers=int(m.group(1)),
+                    spill_store_bytes=frame[1],
+                    spill_load_bytes=frame[2],
+                    stack_bytes=frame[0],
+                    static_smem_bytes=int(m.group(2) or 0),
+                )
+            )
+            entry = None
+    return out
+
+
+_PTX_TARGET = re.compile(r"^\s*\.target\s+(sm_\w+)", re.MULTILINE)
+
+
+def ptxas_resources(
+    ptx_path: str | os.PathLike, *, ptxas: str | None = None
+) -> list[KernelResources]:
+    """Runs `ptxas -v` on a PTX file (for the `.target` it declares) and parses the report.
+
+    `ptxas` defaults to the one on PATH, else `$CUDA_ROOT/bin/ptxas`.
+
+    Raises:
+      GpuUnavailable: no ptxas found.
+      RuntimeError: ptxas failed on the file.
+    """
+    exe = ptxas or shutil.which("ptxas")
+    if exe is None and os.environ.get("CUDA_ROOT"):
+        cand = os.path.join(os.environ["CUDA_ROOT"], "bin", "ptxas")
+        exe = cand if os.path.exists(cand) else None
+    if exe is None:
+        raise GpuUnavailable("ptxas is not on PATH (nor in $CUDA_ROOT/bin)")
+    with open(ptx_path) as f:
+        text = f.read()
+    m = _PTX_TARGET.search(text)
+    if m is None:
+        raise RuntimeError(f"{ptx_path}: no .target directive, not a PTX file?")
+    proc = subprocess.run(
+        [exe, "-v", f"--gpu-name={m.group(1)}", os.fspath(ptx_path), "-o", os.devnull],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"ptxas failed on {ptx_path}:\n{proc.stderr[-4000:]}")
+    return parse_ptxas_output(proc.stderr + proc.stdout)
+
+
+# -- compiling ----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class GpuCompiled:
+    """The result of `compile_for_gpu`.
+
+    Attributes:
+      compiled: the `jax.stages.Compiled` (compile-only: it cannot run here).
+      target: "h200" or "b200".
+      temp_bytes, argument_bytes, output_bytes, alias_bytes: `memory_analysis()` on the GPU.
+      hlo_text: the optimized HLO module.
+      compile_seconds: trace + lower + compile (ptxas included; the `ptxas -v` analysis not).
+      dump_dir: where XLA dumped (None when no dump was asked for or it was temporary).
+      thunks: the thunk tree (empty without a dump).
+      launches: launches per call (None without a dump or with a while loop of unknown trip
+        count); `launches_static`: every thunk once.
+      unknown_thunk_kinds: thunk kinds counted as launches though this module does not know
+        them.
+      kernels: `ptxas -v` resources per kernel (empty without a dump).
+    """
+
+    compiled: Any
+    target: str
+    temp_bytes: int
+    argument_bytes: int
+    output_bytes: int
+    alias_bytes: int
+    hlo_text: str
+    compile_seconds: float
+    dump_dir: str | None = None
+    thunks: list[Thunk] = dataclasses.field(default_factory=list)
+    launches: int | None = None
+    launches_static: int | None = None
+    unknown_thunk_kinds: tuple[str, ...] = ()
+    kernels: list[KernelResources] = dataclasses.field(default_factory=list)
+
+    def memory_analysis(self) -> dict[str, int]:
+        """`{"temp_bytes", "argument_bytes", "output_bytes", "alias_bytes"}` on the GPU."""
+        return {
+            "temp_bytes": self.temp_bytes,
+            "argument_bytes": self.argument_bytes,
+            "output_bytes": self.output_bytes,
+            "alias_bytes": self.alias_bytes,
+        }
+
+    @property
+    def pallas_kernels(self) -> list[KernelResources]:
+        """The `kernels` that come from `pallas_call`s."""
+        return [k for k in self.kernels if k.pallas]
+
+    @property
+    def max_spill_bytes(self) -> int:
+        """Largest spill store of any kernel (0 when nothing spills or nothing was dumped)."""
+        return max((k.spill_store_bytes for k in self.kernels), default=0)
+
+
+_PALLAS_NAME = re.compile(
+    r'custom_call_target="__gpu\$xla\.gpu\.triton".*?\bname\s*=\s*"([^"\\]+)"'
+)
+
+
+def _pallas_kernel_names(hlo_text: str) -> set[str]:
+    return {m.group(1) for m in _PALLAS_NAME.finditer(hlo_text)}
+
+
+def _latest(paths: list[str]) -> str | None:
+    # module_NNNN.<name>...: XLA numbers modules in compile order within a process.
+    return max(paths, key=lambda p: (os.path.basename(p).split(".")[0], p)) if paths else None
+
+
+def _analyze_dump(result: GpuCompiled, dump_dir: str) -> None:
+    files = sorted(os.listdir(dump_dir))
+    seq = _latest([os.path.join(dump_dir, f) for f in files if f.endswith(".thunk_sequence.txt")])
+    if seq is not None:
+        module = os.path.basename(seq).split(".")[0]
+        meta = os.path.join(dump_dir, os.path.basename(seq).replace(
+            ".thunk_sequence.txt", ".thunk_metadata.txt"))  # fmt: skip
+        with open(seq) as f:
+            thunks = parse_thunk_sequence(f.read())
+        meta_text = open(meta).read() if os.path.exists(meta) else ""
+        _attach_trip_counts(thunks, meta_text, result.hlo_text)
+        result.thunks = thunks
+        result.launches = count_launches(thunks, per_call=True)
+        result.launches_static = count_launches(thunks, per_call=False)
+        result.unknown_thunk_kinds = tuple(
+            sorted(
+                {t.kind for t in _walk(thunks)}
+                - _LAUNCH_KINDS
+                - _CONTAINER_KINDS
+                - _NON_LAUNCH_KINDS
+            )
+        )
+        files = [f for f in files if f.startswith(module + ".")]
+    result.kernels = _dump_kernels(dump_dir, files, result.hlo_text)
+
+
+def _dump_kernels(dump_dir: str, files: list[str], hlo_text: str) -> list[KernelResources]:
+    pallas = _pallas_kernel_names(hlo_text)
+    kernels: list[KernelResources] = []
+    for f in files:
+        path = os.path.join(dump_dir, f)
+        if f.endswith(".ptx") and os.path.getsize(path) > 0:
+            kernels += ptxas_resources(path)
+    return [dataclasses.replace(k, pallas=k.name in pallas) for k in kernels]
+
+
+def compile_for_gpu(
+    fn: Callable,
+    *args: Any,
+    target: str = "h200",
+    donate_argnums: int | Sequence[int] = (),
+    static_argnames: str | Sequence[str] = (),
+    no_spills: bool = True,
+    dump_dir: str | os.PathLike | bool | None = None,
+    compiler_options: dict[str, Any] | None = None,
+    **kwargs: Any,
+) -> GpuCompiled:
+    """Compiles `fn(*args, **kwargs)` for `target` on this (CPU-only) machine.
+
+    Array-like leaves of `args`/`kwargs` (arrays, `ShapeDtypeStruct`s) become
+    `ShapeDtypeStruct`s on `gpu_device(target)`; nothing is allocated or run. Tracing and
+    lowering happen inside `abstract_gpu(target)`. Pallas kernels must be called with
+    `interpret=False`.
+
+    Args:
+      fn: a plain function (jitted here with `donate_argnums`/`static_argnames`) or a
+        `jax.jit`-wrapped one (its own donation and static arguments apply; then leave
+        `donate_argnums`/`static_argnames` empty).
+      target: "h200" (sm_90a) or "b200" (sm_100a).
+      no_spills: compile with `xla_gpu_fail_ptx_compilation_on_register_spilling`: a kernel that
+        spills registers fails the compile (`RegisterSpillError`).
+      dump_dir: None: no dump, no launch/register analysis. A path: XLA dumps there (give each
+        compile its own empty folder) and the dump is analyzed and kept. True: a temporary
+        folder, analyzed and removed. The dump is set per compile
+        (`compiler_options={"xla_dump_to": ...}`): no XLA_FLAGS, no subprocess needed.
+      compiler_options: more XLA options for this compile.
+
+    Returns:
+      A `GpuCompiled` with the footprint, optimized HLO, and (with a dump) the thunk tree,
+      launches per call and `ptxas -v` figures per kernel.
+
+    Raises:
+      GpuUnavailable: no compile-only device can be made (see `gpu_device`).
+      RegisterSpillError: `no_spills` and a kernel spills; with a dump it carries the
+        per-kernel ptxas figures.
+    """
+    device_target = _check_target(target)
+    gpu_device(device_target)  # raise GpuUnavailable before anything else
+    if hasattr(fn, "trace"):
+        if donate_argnums not in ((), None) or static_argnames not in ((), None):
+            raise ValueError(
+                "fn is already jitted: give donate_argnums/static_argnames to its jax.jit"
+            )
+        jitted = fn
+    else:
+        jitted = jax.jit(fn, donate_argnums=donate_argnums, static_argnames=static_argnames)
+    options = dict(compiler_options or {})
+    if no_spills:
+        options[_NO_SPILLS_OPTION] = True
+    temp_dir = None
+    if dump_dir is True:
+        temp_dir = tempfile.mkdtemp(prefix="jaxarena_gpu_aot_")
+        where: str | None = temp_dir
+    elif dump_dir in (None, False):
+        where = None
+    else:
+        where = os.fspath(dump_dir)
+        os.makedirs(where, exist_ok=True)
+    if where is not None:
+        options["xla_dump_to"] = where
+    try:
+        placed_args = on_gpu(args, device_target)
+        placed_kwargs = on_gpu(kwargs, device_target)
+        start = time.perf_counter()
+        with abstract_gpu(device_target):
+            lowered = jitted.trace(*placed_args, **placed_kwargs).lower()
+        try:
+            compiled = lowered.compile(compiler_options=options)
+        except Exception as e:  # noqa: BLE001 - XlaRuntimeError and friends
+            if no_spills and "spill" in str(e).lower():
+                kernels = (
+                    _dump_kernels(where, sorted(os.listdir(where)), lowered.as_text())
+                    if where
+                    else []
+                )
+                spilling = [k for k in kernels if k.spill_store_bytes]
+                detail = "".join(
+                    f"\n  {k.name}: {k.registers} registers, {k.spill_store_bytes} B spill "
+                    f"stores, {k.spill_load_bytes} B spill loads, {k.stack_bytes} B stack"
+                    for k in spilling
+                )
+                raise RegisterSpillError(
+                    f"compiling for {device_target} failed: a kernel spills registers "
+                    f"({_NO_SPILLS_OPTION}){detail or ' (dump for the per-kernel figures)'}\n"
+                    f"XLA said: {str(e)[:2000]}",
+                    kernels,
+                ) from e
+            raise
+        seconds = time.perf_counter() - start
+        analysis = compiled.memory_analysis()
+        if isinstance(analysis, list | tuple):
+            analysis = analysis[0]
+        result = GpuCompiled(
+            compiled=compiled,
+            target=device_target,
+            temp_bytes=int(analysis.temp_size_in_bytes),
+            argument_bytes=int(analysis.argument_size_in_bytes),
+            output_bytes=int(analysis.output_size_in_bytes),
+            alias_bytes=int(analysis.alias_size_in_bytes),
+            hlo_text=compiled.as_text(),
+            compile_seconds=seconds,
+            dump_dir=where if temp_dir is None else None,
+        )
+        if where is not None:
+            _analyze_dump(result, where)
+        return result
+    finally:
+        if temp_dir is not None:
+            shutil.rmtree(temp_dir, ignore_errors=True)
