@@ -423,7 +423,8 @@ def initialize(*, fail_fast: bool = True, **distributed_kwargs: Any) -> LaunchIn
     shutdown, which waits (up to `shutdown_timeout_seconds`, 5 minutes by default) for every
     other process to shut down too; a process stuck in a collective with the failed one never
     does, so the failure would only surface at the launcher's timeout. The launcher sees the
-    exit at once and ends the others.
+    exit at once and ends the others. `sys.exit(n)` is not an uncaught exception and still
+    waits in that shutdown: to fail fast on purpose, raise, or call `os._exit(n)`.
 
     Args:
       fail_fast: install the exception hook described above.
