@@ -1,4 +1,4 @@
-"""The `jaxarena` command line: `plan`, `budget`, `fit` and `demo`.
+"""The `jaxarena` command line: `plan`, `budget`, `fit`, `demo` and `generate`.
 
 jaxarena plan qwen3-8b --max-batch-tokens 8192 --max-seq-len 32768
 jaxarena plan ./config.json --json
@@ -6,6 +6,7 @@ jaxarena budget qwen3-30b-a3b --memory 141GB --tp 8 --ep 8 --weights fp8
 jaxarena fit qwen3-32b --memory 80GB --sequences 16
 jaxarena fit qwen3-32b --memory 24GiB --arena-only
 jaxarena demo
+jaxarena generate ./checkpoint-dir --prompt-ids 1,2,3 --max-new-tokens 16
 """
 
 from __future__ import annotations
@@ -387,6 +388,65 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(steps=args.steps, batch=args.batch, seed=args.seed)
 
 
+def _prompt_ids(text: str) -> list[int]:
+    try:
+        ids = [int(t) for t in text.split(",")]
+    except ValueError:
+        raise CliError(f"--prompt-ids {text!r} must be comma-separated token ids, e.g. 1,2,3") from None
+    if not ids or min(ids) < 0:
+        raise CliError(f"--prompt-ids {text!r} must be non-negative token ids")
+    return ids
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    """Greedy decoding of a local HuggingFace checkpoint on the arena (`load_pretrained`)."""
+    from jaxarena.models.pretrained import load_pretrained
+
+    prompts = [_prompt_ids(t) for t in args.prompt_ids or ["0"]]
+    if args.max_new_tokens < 1:
+        raise CliError(f"--max-new-tokens {args.max_new_tokens} must be >= 1")
+    batch = args.max_batch_size or len(prompts)
+    block = args.kv_block_size
+    longest = max(len(p) for p in prompts) + args.max_new_tokens
+    # Defaults: just enough for this request (prefill pads to max_batch_tokens with one token
+    # per free sequence slot, plus one, so one compiled prefill serves every request).
+    tokens = args.max_batch_tokens or sum(len(p) for p in prompts) + batch + 1 - len(prompts)
+    seq = args.max_seq_len or -(-longest // block) * block
+    lm = load_pretrained(args.path, max_batch_tokens=tokens, max_seq_len=seq,
+                         kv_block_size=block, max_batch_size=batch,
+                         target=Target.preset(args.target), packed=args.packed)  # fmt: skip
+    out = lm.generate(prompts, args.max_new_tokens)
+    st = lm.last_stats
+    rate = lambda n, t: n / t if t > 0 else float("inf")  # noqa: E731
+    result = {
+        "model_type": lm.model_type,
+        "path": lm.path,
+        "fp8": lm.fp8,
+        "tokens": out,
+        "prefill_tokens": st["prefill_tokens"],
+        "prefill_tokens_per_s": rate(st["prefill_tokens"], st["prefill_seconds"]),
+        "decode_tokens": st["decode_tokens"],
+        "decode_tokens_per_s": rate(st["decode_tokens"], st["decode_seconds"]),
+        "compile_seconds": {k: round(v, 3) for k, v in lm.compile_seconds.items()},
+        "arena_bytes": lm.arena_bytes,
+        "weight_bytes": lm.weight_bytes,
+        "limits": {"max_batch_tokens": tokens, "max_seq_len": seq, "kv_block_size": block,
+                   "max_batch_size": batch},  # fmt: skip
+    }
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(f"{lm.model_type} from {lm.path}: {'fp8' if lm.fp8 else 'bf16'} weights "
+          f"{format_bytes(lm.weight_bytes)}; arena {format_bytes(lm.arena_bytes)} in "
+          f"{len(lm.model.plan.regions)} regions")  # fmt: skip
+    for i, (p, new) in enumerate(zip(prompts, out, strict=True)):
+        print(f"prompt {i} ({len(p)} tokens): {' '.join(map(str, new))}")
+    print(f"prefill: {st['prefill_tokens']} tokens, {result['prefill_tokens_per_s']:.1f} tokens/s")
+    print(f"decode: {st['decode_tokens']} tokens, {result['decode_tokens_per_s']:.1f} tokens/s")
+    print("compile: " + ", ".join(f"{k} {v:.2f} s" for k, v in lm.compile_seconds.items()))
+    return 0
+
+
 def _add_limits(
     p: argparse.ArgumentParser, *, with_tokens: bool = True, batch_default: int | None = 64
 ) -> None:
@@ -488,6 +548,22 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--seed", type=int, default=0,
                    help=f"random seed, 0..{DEMO_MAX_SEED} (default %(default)s)")  # fmt: skip
     d.set_defaults(func=cmd_demo)
+    g = sub.add_parser("generate", help="greedy decoding of a HuggingFace checkpoint on the arena")
+    g.add_argument("path", help="checkpoint directory (config.json + *.safetensors)")
+    g.add_argument("--prompt-ids", action="append", metavar="IDS",
+                   help="comma-separated token ids; repeat for a batch (default: 0)")  # fmt: skip
+    g.add_argument("--max-new-tokens", type=int, default=16, help="default %(default)s")
+    g.add_argument("--max-batch-tokens", type=int, default=None,
+                   help="arena limit (default: what the prompts need)")  # fmt: skip
+    g.add_argument("--max-seq-len", type=int, default=None,
+                   help="arena limit (default: longest prompt + new tokens)")  # fmt: skip
+    g.add_argument("--kv-block-size", type=int, default=16, help="default %(default)s")
+    g.add_argument("--max-batch-size", type=int, default=None,
+                   help="sequence slots (default: the number of prompts)")  # fmt: skip
+    g.add_argument("--target", default="gb10", help="hardware target (default %(default)s)")
+    g.add_argument("--packed", action="store_true", help="pack the arena by buffer lifetimes")
+    g.add_argument("--json", action="store_true", help="machine-readable output")
+    g.set_defaults(func=cmd_generate)
     return parser
 
 

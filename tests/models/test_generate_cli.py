@@ -1,0 +1,37 @@
+"""`jaxarena generate`: greedy tokens of a fixture checkpoint equal transformers', the figures
+are printed, and every bad input is one line with exit status 2."""
+
+from __future__ import annotations
+
+import json
+
+from lm_runs import CHECKPOINTS, reference
+
+from jaxarena.cli import main
+
+
+def test_generate_json_matches_transformers(capsys):
+    ref = reference("llama")
+    prompt = ref["prompts"][3]  # 16 tokens; every one of its greedy choices is decided
+    rc = main(["generate", str(CHECKPOINTS / "llama"), "--prompt-ids",
+               ",".join(map(str, prompt)), "--max-new-tokens", "4", "--json"])  # fmt: skip
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["tokens"] == [ref["greedy_tokens"][3][:4].tolist()]
+    assert out["prefill_tokens"] == 16 and out["decode_tokens"] == 3
+    assert out["prefill_tokens_per_s"] > 0 and out["decode_tokens_per_s"] > 0
+    assert set(out["compile_seconds"]) == {"prefill", "decode"}
+    assert out["arena_bytes"] > 0 and out["weight_bytes"] == 213_632  # 106,816 bf16 params
+
+
+def test_generate_errors_are_one_line(capsys, tmp_path):
+    cases = [
+        ([str(tmp_path / "none"), "--prompt-ids", "1"], "not a directory"),
+        ([str(CHECKPOINTS / "llama"), "--prompt-ids", "1,x"], "comma-separated token ids"),
+        ([str(CHECKPOINTS / "llama"), "--prompt-ids", "1", "--max-new-tokens", "0"], ">= 1"),
+        ([str(CHECKPOINTS / "llama"), "--prompt-ids", "1,999"], "vocab_size=256"),
+    ]
+    for argv, words in cases:
+        assert main(["generate", *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and words in err, err
