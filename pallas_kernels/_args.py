@@ -84,11 +84,13 @@ def check_finite(name: str, v: Any, consequence: str) -> None:
     """
     if not is_concrete(v) or not jnp.issubdtype(jnp.dtype(v.dtype), jnp.floating):
         return
-    ok = np.asarray(jnp.isfinite(v))
+    # NumPy, not jnp: inside a jit trace a jnp op on a closed-over constant is a tracer.
+    host = np.asarray(v).astype(np.float32)
+    ok = np.isfinite(host)
     if ok.all():
         return
     index = tuple(int(i) for i in np.argwhere(~ok)[0])
-    value = np.asarray(v)[index]
+    value = host[index]
     raise ValueError(
         f"{name}[{', '.join(map(str, index))}]={float(value)} is not finite ({int((~ok).sum())} "
         f"non-finite value(s) in {name}); {consequence}"

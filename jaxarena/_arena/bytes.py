@@ -54,7 +54,7 @@ def static_shape(shape: Any, what: str) -> tuple[int, ...]:
 def view_dtype(dtype: Any, what: str) -> np.dtype:
     try:
         dt = jnp.dtype(dtype)
-    except TypeError:
+    except (TypeError, ValueError):  # numpy raises ValueError for some non-dtypes (a dict)
         raise ArenaError(f"{what}: dtype={dtype!r} is not a JAX dtype") from None
     if dt.itemsize == 0 or dt.name in ("int4", "uint4", "int2", "uint2", "float4_e2m1fn"):
         raise NotImplementedError(f"{what}: sub-byte dtype {dt.name} views are not supported")

@@ -211,7 +211,7 @@ class ArenaPlan:
         """The region of buffer `name`; a clear error for unknown or empty buffers."""
         try:
             return self.regions[name]
-        except KeyError:
+        except (KeyError, TypeError):  # TypeError: an unhashable name (a list, a dict)
             known = ", ".join(self.regions) or "(none)"
             raise ArenaError(
                 f"no region named {name!r} in this plan (zero-size buffers get no region); "
@@ -373,7 +373,7 @@ class ArenaPlan:
         problems = []
         for use in uses:
             name, shape, dtype, *note = use
-            region = self.regions.get(name)
+            region = self.regions.get(name) if isinstance(name, str) else None
             dims = static_shape(shape, f"{what}: region {name!r}")
             dt = view_dtype(dtype, f"{what}: region {name!r}")
             nbytes = math.prod(dims) * dt.itemsize
