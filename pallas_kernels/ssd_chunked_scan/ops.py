@@ -2,15 +2,19 @@
 
 The computation follows mamba_ssm's `ssd_combined` split, with packed sequences:
 
-1. Pallas (`ssd_chunk_kernel`, grid chunk x head): `dt' = softplus(dt + dt_bias)` (or without
-   softplus), `dA_cumsum`, `CB = C B^T` (all three stored into the f32 scratch), the
-   intra-chunk output and each chunk's own contribution to the state of its last sequence.
-2. jnp: the state passing, a `lax.scan` over chunks carrying the state of the sequence that
-   runs across the chunk edge (reset to a sequence's initial state where it starts); it reads
-   `dA_cumsum` back from the scratch. Also jnp: for every sequence that starts strictly
-   inside a chunk, the output term of its initial state within that first chunk (only when
-   `initial_states` is given), and every sequence's final state, taken from the chunk holding
-   its last token. These are O(number of sequences x one chunk) of work.
+1. Pallas (`ssd_cumsum_cb_kernel`, grid chunk x head): `dt' = softplus(dt + dt_bias)` (or
+   without softplus), `dA_cumsum` and `CB = C B^T`, all three stored into the f32 scratch;
+   then Pallas (`ssd_chunk_kernel`, grid chunk x head), reading them back: the intra-chunk
+   output and each chunk's own contribution to the state of its last sequence.
+2. Pallas (`state_passing.pass_states`, grid head x block of state elements): the state
+   passing, a loop over chunks inside the kernel carrying the state of the sequence that runs
+   across the chunk edge (reset to a sequence's initial state where it starts); jnp computes
+   its per-chunk inputs (which sequence continues or starts, the chunk decay from
+   `dA_cumsum`). No XLA loop is left, so the number of launches per call does not depend on
+   the sequence length. Also jnp: for every sequence that starts strictly inside a chunk, the
+   output term of its initial state within that first chunk (only when `initial_states` is
+   given), and every sequence's final state, taken from the chunk holding its last token.
+   These are O(number of sequences x one chunk) of work.
 3. Pallas (`ssd_output_kernel`, grid chunk x head): adds the inter-chunk output
    `exp(dA_cumsum) C . h_in` for the tokens of the sequence running at the chunk's start,
    and `D x`.
@@ -29,17 +33,27 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from jaxarena.workspaces import SSD_CHUNK, ssd_chunk_slot_bytes, ssd_scratch_layout
-from pallas_kernels._args import array_shape as _shape_of
-from pallas_kernels._args import check_finite as _check_finite
-from pallas_kernels._args import check_float as _check_float
-from pallas_kernels._args import int_values as _int_values
+from jaxarena._arena.bytes import ROW_BYTES
+from jaxarena.workspaces import SSD_CHUNK
 from pallas_kernels._args import resolve_interpret
-from pallas_kernels.ssd_chunked_scan.kernel import ssd_chunk_kernel, ssd_output_kernel
+from pallas_kernels.ssd_chunked_scan._checks import (
+    _F32_PER_ROW,
+    SSD_REGION,
+    SUPPORTED_CHUNK_SIZES,
+    _as_cu,
+    _Dims,
+    _per_chunk_floats,
+    _validate,
+)
+from pallas_kernels.ssd_chunked_scan.kernel import (
+    ssd_chunk_kernel,
+    ssd_cumsum_cb_kernel,
+    ssd_output_kernel,
+)
+from pallas_kernels.ssd_chunked_scan.state_passing import pass_states
 
 __all__ = [
     "SSD_REGION",
@@ -48,196 +62,16 @@ __all__ = [
     "ssd_chunked_scan_into",
 ]
 
-SSD_REGION: str = "ssd_scratch"
-"""The arena region `ssd_chunked_scan_into` uses as the kernel's f32 scratch."""
-
-SUPPORTED_CHUNK_SIZES: tuple[int, ...] = (16, 32, 64, 128)
-"""Accepted `chunk_size` values (Triton tiles are powers of two, `tl.dot` needs >= 16). With a
-workspace only the scratch's chunk length, 64, is accepted."""
-
-_X_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 _HI = jax.lax.Precision.HIGHEST
+# Tiles of the Triton kernels (see kernel.py): the contraction slices over tokens and over
+# state columns (the state passing's tile is in state_passing.py).
+_BLOCK_K = 16
+_BLOCK_N = 32
 
 
 def _tile(n: int) -> int:
     """Smallest power of two >= max(n, 16): Triton tiles are powers of two, `tl.dot` >= 16."""
     return max(16, pl.next_power_of_2(n))
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class _Dims:
-    num_tokens: int
-    num_heads: int
-    head_dim: int
-    num_groups: int
-    state_dim: int
-    num_seqs: int
-    chunk_size: int
-    num_chunks: int
-    # Workspace geometry: chunk slots per section and the first row (of `chunk_size` f32) of
-    # each section in the 2-D view of the scratch.
-    num_chunks_ws: int
-    dt_row: int
-    dacs_row: int
-    cb_row: int
-    ws_rows: int
-
-
-def _per_chunk_floats(num_heads: int, num_groups: int) -> int:
-    return ssd_chunk_slot_bytes(num_heads, num_groups) // 4
-
-
-def _validate(
-    x: Any,
-    dt: Any,
-    A: Any,
-    B: Any,
-    C: Any,
-    *,
-    chunk_size: Any,
-    D: Any,
-    dt_bias: Any,
-    dt_softplus: Any,
-    initial_states: Any,
-    cu_seqlens: Any,
-    workspace: Any,
-) -> _Dims:
-    """Checks every argument of both entry points; raises before anything is traced.
-
-    `cu_seqlens` values are checked only when concrete (not a tracer).
-    """
-    xs = _shape_of("x", x)
-    if len(xs) != 3:
-        raise ValueError(f"x.shape={xs} must be [T, H, P] (3-D)")
-    T, H, P = xs
-    if T < 1 or H < 1 or P < 1:
-        raise ValueError(f"x.shape={xs}: T, H and P must all be >= 1")
-    if not jnp.issubdtype(x.dtype, jnp.floating):
-        raise ValueError(f"x.dtype={x.dtype} must be a floating dtype")
-    if jnp.dtype(x.dtype) not in _X_DTYPES:
-        raise NotImplementedError(
-            f"x.dtype={x.dtype} is not supported; use float32, bfloat16 or float16"
-        )
-    if _shape_of("dt", dt) != (T, H):
-        raise ValueError(f"dt.shape={tuple(dt.shape)} must be [T, H] = {(T, H)}")
-    if _shape_of("A", A) != (H,):
-        raise ValueError(f"A.shape={tuple(A.shape)} must be [H] = {(H,)}")
-    bs = _shape_of("B", B)
-    if len(bs) != 3 or bs[0] != T:
-        raise ValueError(f"B.shape={bs} must be [T, G, N] with T={T}")
-    G, N = bs[1], bs[2]
-    if G < 1 or N < 1:
-        raise ValueError(f"B.shape={bs}: G and N must be >= 1")
-    if _shape_of("C", C) != bs:
-        raise ValueError(f"C.shape={tuple(C.shape)} must equal B.shape={bs}")
-    if H % G != 0:
-        raise ValueError(
-            f"H={H} (x.shape[1]) must be a multiple of G={G} (B.shape[1]): "
-            "head h uses group h // (H // G)"
-        )
-    for name, v in (("dt", dt), ("A", A), ("B", B), ("C", C)):
-        _check_float(name, v)
-    # exp(dt' A) with A = -inf is 0 (the state forgets at once), but the chunked form takes
-    # differences of cumulative sums, -inf - -inf = NaN: every output would be NaN although
-    # the math is finite. Refused when known; see the docstring for traced values.
-    _check_finite("A", A, "A must be finite (a very negative A, e.g. -1e4, forgets at once)")
-    for name, v in (("D", D), ("dt_bias", dt_bias)):
-        if v is not None:
-            if _shape_of(name, v) != (H,):
-                raise ValueError(f"{name}.shape={tuple(v.shape)} must be [H] = {(H,)}")
-            _check_float(name, v)
-    if not isinstance(dt_softplus, bool):
-        raise ValueError(f"{dt_softplus=} must be a bool")
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int):
-        raise ValueError(f"{chunk_size=} must be an int")
-    if chunk_size not in SUPPORTED_CHUNK_SIZES:
-        raise ValueError(f"{chunk_size=} must be one of {SUPPORTED_CHUNK_SIZES}")
-
-    if cu_seqlens is None:
-        S = 1
-    else:
-        cs = _shape_of("cu_seqlens", cu_seqlens)
-        if len(cs) != 1 or cs[0] < 2:
-            raise ValueError(f"cu_seqlens.shape={cs} must be [S + 1] with S >= 1")
-        if not jnp.issubdtype(cu_seqlens.dtype, jnp.integer):
-            raise ValueError(f"cu_seqlens.dtype={cu_seqlens.dtype} must be an integer dtype")
-        S = cs[0] - 1
-        if not isinstance(cu_seqlens, jax.core.Tracer):
-            cu = np.asarray(cu_seqlens).astype(np.int64)
-            if cu[0] != 0 or cu[-1] != T or np.any(np.diff(cu) < 0):
-                raise ValueError(
-                    f"cu_seqlens={cu.tolist()} must be non-decreasing from 0 to T={T} "
-                    "(sequence s holds tokens cu_seqlens[s]:cu_seqlens[s + 1])"
-                )
-    if initial_states is not None:
-        if _shape_of("initial_states", initial_states) != (S, H, P, N):
-            raise ValueError(
-                f"initial_states.shape={tuple(initial_states.shape)} must be "
-                f"[S, H, P, N] = {(S, H, P, N)} (S = len(cu_seqlens) - 1, or 1)"
-            )
-        _check_float("initial_states", initial_states)
-
-    L = chunk_size
-    nc = pl.cdiv(T, L)
-    if workspace is None:
-        ncw = nc
-    else:
-        ws = _shape_of("workspace", workspace)
-        if workspace.dtype != jnp.float32 or len(ws) != 1:
-            raise ValueError(
-                f"workspace (shape={ws}, dtype={workspace.dtype}) must be a flat float32 array: "
-                "the f32 view of the arena's ssd_scratch region"
-            )
-        if chunk_size != SSD_CHUNK:
-            raise ValueError(
-                f"{chunk_size=} must be {SSD_CHUNK} with a workspace: the scratch holds chunks "
-                f"of {SSD_CHUNK} tokens"
-            )
-        per_chunk = _per_chunk_floats(H, G)
-        if ws[0] == 0 or ws[0] % per_chunk:
-            raise ValueError(
-                f"workspace length {ws[0]} must be a positive multiple of {per_chunk} "
-                f"(2*H*64 + G*64*64 f32 per chunk slot for H={H}, G={G}): it is not an SSD "
-                "scratch sized for these heads and groups"
-            )
-        ncw = ws[0] // per_chunk
-        if nc > ncw - 1:
-            raise ValueError(
-                f"T={T} tokens need {nc} chunks of {L}, but the workspace holds {ncw} chunk "
-                f"slots, sized for at most {L * (ncw - 1)} tokens (nc = ceil(M / 64) + 1 for "
-                "M = max_batch_tokens): size the arena for more tokens or split the call"
-            )
-    if workspace is None:
-        dt_off, dacs_off, cb_off = 0, H * ncw * L, 2 * H * ncw * L
-    else:
-        layout = ssd_scratch_layout(H, G, L * (ncw - 1))
-        dt_off, dacs_off, cb_off = (layout[k][0] // 4 for k in ("dt", "dA_cumsum", "CB"))
-    rows = ncw * (2 * H + G * L)
-    return _Dims(
-        num_tokens=T,
-        num_heads=H,
-        head_dim=P,
-        num_groups=G,
-        state_dim=N,
-        num_seqs=S,
-        chunk_size=L,
-        num_chunks=nc,
-        num_chunks_ws=ncw,
-        dt_row=dt_off // L,
-        dacs_row=dacs_off // L,
-        cb_row=cb_off // L,
-        ws_rows=rows,
-    )
-
-
-def _as_cu(cu_seqlens: Any) -> Any:
-    """A list or tuple of ints becomes an int32 array (a float or an int past int32 entry is a
-    `ValueError`, never truncated or an `OverflowError`); anything else is left to
-    `_validate`."""
-    if isinstance(cu_seqlens, list | tuple):
-        return _int_values("cu_seqlens", cu_seqlens)
-    return cu_seqlens
-
 
 def _pad_to(v: jax.Array, shape: tuple[int, ...]) -> jax.Array:
     if tuple(v.shape) == shape:
@@ -298,80 +132,77 @@ def _ssd_impl(
         init = jnp.zeros((S, H, Pp, Np), f32)
 
     # Sequence of each token: the last s with cu[s] <= t, which skips empty sequences.
-    # Padding tokens join the last sequence; with dt' = 0 they change nothing.
+    # Padding tokens join the last sequence; with dt' = 0 they change nothing. (A count of
+    # boundaries, not `searchsorted`, whose default method is a while loop of log2(T) steps.)
     tok = jnp.arange(Tp, dtype=jnp.int32)
-    seq = jnp.clip(jnp.searchsorted(cu, tok, side="right") - 1, 0, S - 1).astype(jnp.int32)
+    seq = jnp.sum(cu[None, 1:S] <= tok[:, None], axis=1, dtype=jnp.int32)
 
-    params = plgpu.CompilerParams(num_warps=4, num_stages=1)
-    chunk_kernel = functools.partial(
-        ssd_chunk_kernel,
+    # Accumulators are [L, L] (CB) and [L, P]: twice the threads for 128-token chunks keeps
+    # them within the registers (4 warps spill CB at L = 128).
+    params = plgpu.CompilerParams(num_warps=4 if L <= 64 else 8, num_stages=1)
+    bk, bn = min(_BLOCK_K, L), min(_BLOCK_N, Np)
+    ws_geom = dict(
         chunk_size=L,
-        num_tokens=T,
         num_chunks_ws=ncw,
         heads_per_group=hpg,
         num_groups=G,
         dt_row=dims.dt_row,
         dacs_row=dims.dacs_row,
         cb_row=dims.cb_row,
-        dt_softplus=dt_softplus,
     )
     # The scratch and the per-head scalars are whole-array operands, addressed in the kernel.
     whole = pl.no_block_spec
-    ws2d, y_diag, chunk_states = pl.pallas_call(
-        chunk_kernel,
+    ws2d = pl.pallas_call(
+        functools.partial(
+            ssd_cumsum_cb_kernel,
+            **ws_geom,
+            num_tokens=T,
+            dt_softplus=dt_softplus,
+            block_n=bn,
+        ),
         grid=(nc, H),
         in_specs=[
-            pl.BlockSpec((L, None, Pp), lambda c, h: (c, h, 0)),
             pl.BlockSpec((L, None), lambda c, h: (c, h)),
             whole,
             whole,
             pl.BlockSpec((L, None, Np), lambda c, h: (c, h // hpg, 0)),
             pl.BlockSpec((L, None, Np), lambda c, h: (c, h // hpg, 0)),
+            whole,
+        ],
+        out_specs=whole,
+        out_shape=jax.ShapeDtypeStruct(ws2d.shape, f32),
+        input_output_aliases={5: 0},
+        compiler_params=params,
+        interpret=interpret,
+        name="ssd_cumsum_cb",
+    )(dtp, A32, bias, Bp, Cp, ws2d)
+
+    y_diag, chunk_states = pl.pallas_call(
+        functools.partial(ssd_chunk_kernel, **ws_geom, block_k=bk, block_n=bn),
+        grid=(nc, H),
+        in_specs=[
+            pl.BlockSpec((L, None, Pp), lambda c, h: (c, h, 0)),
+            pl.BlockSpec((L, None, Np), lambda c, h: (c, h // hpg, 0)),
             pl.BlockSpec((L,), lambda c, h: (c,)),
             whole,
         ],
         out_specs=[
-            whole,
             pl.BlockSpec((L, None, Pp), lambda c, h: (c, h, 0)),
             pl.BlockSpec((None, None, Pp, Np), lambda c, h: (c, h, 0, 0)),
         ],
         out_shape=[
-            jax.ShapeDtypeStruct(ws2d.shape, f32),
             jax.ShapeDtypeStruct((Tp, H, Pp), f32),
             jax.ShapeDtypeStruct((nc, H, Pp, Np), f32),
         ],
-        input_output_aliases={7: 0},
         compiler_params=params,
         interpret=interpret,
         name="ssd_chunk",
-    )(xp, dtp, A32, bias, Bp, Cp, seq, ws2d)
+    )(xp, Bp, seq, ws2d)
 
-    # --- jnp: state passing over chunks, reading dt' and dA_cumsum back from the scratch.
+    # --- The state passing (Pallas, one launch), reading dA_cumsum back from the scratch.
     dt_ws = ws2d[dims.dt_row : dims.dt_row + H * ncw].reshape(H, ncw, L)[:, :nc]
     dacs = ws2d[dims.dacs_row : dims.dacs_row + H * ncw].reshape(H, ncw, L)[:, :nc]
-    seq_c = seq.reshape(nc, L)
-    chunk_start = jnp.arange(nc, dtype=jnp.int32) * L
-    s0, s_last = seq_c[:, 0], seq_c[:, -1]
-    # The first sequence of chunk c continues from chunk c - 1 iff it started before c * L.
-    continues = cu[s0] < chunk_start
-    # The last sequence of chunk c starts at offset p_last > 0 inside it, or continues.
-    p_last = cu[s_last] - chunk_start
-    fresh_last = p_last > 0
-    base_last = jnp.take_along_axis(dacs, jnp.clip(p_last - 1, 0, L - 1)[None, :, None], axis=2)
-    base_last = jnp.where(fresh_last[None, :], base_last[..., 0], 0.0)  # [H, nc]
-    decay_chunk = jnp.exp(dacs[:, :, -1] - base_last)  # [H, nc]
-
-    def pass_state(h_run, inp):
-        state_c, decay_c, cont, fresh, a, b = inp
-        h_in = jnp.where(cont, h_run, init[a])
-        h_start = jnp.where(fresh, init[b], h_in)
-        return decay_c[:, None, None] * h_start + state_c, h_in
-
-    _, h_in = jax.lax.scan(
-        pass_state,
-        jnp.zeros((H, Pp, Np), f32),
-        (chunk_states, decay_chunk.T, continues, fresh_last, s0, s_last),
-    )  # h_in: [nc, H, Pp, Np]
+    h_in = pass_states(chunk_states, dacs, seq, cu, init, interpret=interpret)
 
     starts, ends = cu[:-1], cu[1:]
     l_idx = jnp.arange(L, dtype=jnp.int32)
@@ -401,6 +232,7 @@ def _ssd_impl(
         num_chunks_ws=ncw,
         dacs_row=dims.dacs_row,
         has_d=has_d,
+        block_n=bn,
     )
     y = pl.pallas_call(
         out_kernel,
@@ -468,9 +300,9 @@ def ssd_chunked_scan(
     """Mamba-2 SSD scan of a packed token stream, chunked (mamba_ssm's `ssd_combined`).
 
     Per sequence, from its initial state: `h_t = exp(dt'_t A) h_{t-1} + dt'_t x_t B_t^T`,
-    `y_t = h_t C_t + D x_t`. Two Pallas kernels do the per-chunk work (dt', dA_cumsum, CB,
-    intra-chunk output and chunk states; then the inter-chunk output); the state passing
-    between chunks and the per-sequence boundary terms are jnp (see the module docstring).
+    `y_t = h_t C_t + D x_t`. Four Pallas kernels: dt', dA_cumsum and CB; the intra-chunk
+    output and chunk states; the state passing between chunks; the inter-chunk output. The
+    per-sequence boundary terms are jnp (see the module docstring).
 
     Args:
       x: `[T, H, P]` float32 / bfloat16 / float16, T >= 1.
@@ -580,18 +412,45 @@ def ssd_chunked_scan_into(
     cu_seqlens: jax.Array | None = None,
     interpret: bool | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """`ssd_chunked_scan` with its scratch in the arena's `ssd_scratch` region.
+    """`ssd_chunked_scan` with its scratch in the arena's `ssd_scratch` region, in place.
 
     `plan` is a `jaxarena.ArenaPlan` with an `ssd_scratch` region sized by the seed for these
-    `H` and `G`; the chunk length is 64. The region is viewed as flat f32 (its first
-    `nc * (2*H*64 + G*64*64)` floats, `nc = region.nbytes // (4 * (2*H*64 + G*64*64))`), the
-    scan runs with that workspace, and the updated scratch is written back. Only
-    `ssd_scratch` changes. Inside a `jit` that donates `arena` the update is in place.
+    `H` and `G` (`jaxarena.workspaces.ssd_scratch_layout`), starting on a 256-byte arena row
+    (the default alignment); the chunk length is 64. The scratch is the region's first
+    `nc * (2*H*64 + G*64*64)` floats, `nc = region.nbytes // ssd_chunk_slot_bytes(H, G)`,
+    laid out as `ssd_chunked_scan`'s `workspace`. Only `ssd_scratch` changes.
 
-    Returns `(arena, y [T, H, P] in x.dtype, final_states [S, H, P, N] float32)`. The
-    returned arena replaces the one passed (which is consumed when donated).
+    In place: the WHOLE arena goes into the kernels, aliased, reinterpreted as
+    `float32[rows, 64]` (a bitcast in XLA, no copy): one arena row is one 64-float scratch row,
+    so the kernels address the scratch at the region's first row. Results (y, final states,
+    scratch bytes) equal `ssd_chunked_scan(..., workspace=plan.view(...))`'s bit for bit.
+    Offsets: Pallas forms element offsets in int32 for arrays below 2^32 bytes (the f32 view
+    then has fewer than 2^30 elements) and in 64 bits beyond; row indices are int32 (arenas up
+    to 2^31 rows of 256 bytes, the plan's limit).
+
+    Args:
+      arena: the plan's `uint8[rows, 256]` arena. Donate it to the enclosing `jax.jit`
+        (`donate_argnums`) so the update is in place (without donation XLA copies the arena
+        once); use the returned arena afterwards.
+      plan: the `jaxarena.ArenaPlan` of `arena`.
+      x, dt, A, B, C, D, dt_bias, dt_softplus, initial_states, cu_seqlens, interpret: as for
+        `ssd_chunked_scan` (the chunk length is the scratch's, 64).
+
+    Returns:
+      `(arena, y [T, H, P] in x.dtype, final_states [S, H, P, N] float32)`. The returned arena
+      replaces the one passed.
+
+    Raises:
+      ArenaError (a ValueError): an arena that is not the plan's `uint8` array, a region too
+        small for one chunk slot (`ArenaPlan.check_fits`).
+      ValueError: what `ssd_chunked_scan` rejects, a plan without `ssd_scratch`, a region not
+        on a 256-byte row, more tokens than the scratch was sized for; all before tracing.
+      NotImplementedError: as `ssd_chunked_scan`.
     """
-    if SSD_REGION not in getattr(plan, "regions", {}):
+    what = "ssd_chunked_scan_into"
+    if not callable(getattr(plan, "check_fits", None)):
+        raise ValueError(f"{what}: plan must be a jaxarena.ArenaPlan, got {type(plan).__name__}")
+    if SSD_REGION not in plan.regions:
         raise ValueError(f"plan has no {SSD_REGION!r} region; size the arena for an SSM model")
     region = plan.regions[SSD_REGION]
     cu_seqlens = _as_cu(cu_seqlens)
@@ -605,15 +464,49 @@ def ssd_chunked_scan_into(
     )
     dims = _validate(x, dt, A, B, C, **args, workspace=None)
     per_chunk = _per_chunk_floats(dims.num_heads, dims.num_groups)
-    ws_len = (region.nbytes // (4 * per_chunk)) * per_chunk
-    if ws_len == 0:
+    slots = region.nbytes // (4 * per_chunk)
+    note = f"one chunk slot of the SSD scratch for H={dims.num_heads}, G={dims.num_groups}"
+    # At least one slot must fit (ArenaError otherwise), and the arena must be the plan's.
+    plan.check_fits(
+        (SSD_REGION, (max(slots, 1), per_chunk), jnp.float32, note), arena=arena, what=what
+    )
+    if region.offset_bytes % ROW_BYTES:
         raise ValueError(
-            f"region {SSD_REGION!r} holds {region.nbytes} bytes, less than one chunk slot "
-            f"({4 * per_chunk} bytes for H={dims.num_heads}, G={dims.num_groups})"
+            f"{what}: region {SSD_REGION!r} starts at byte {region.offset_bytes}, not on a "
+            f"{ROW_BYTES}-byte arena row; build the plan with align_bytes >= {ROW_BYTES}"
         )
-    # Checks that T fits the scratch before anything is read from the arena.
-    _validate(x, dt, A, B, C, **args, workspace=jax.ShapeDtypeStruct((ws_len,), jnp.float32))
-    ws = plan.view(arena, SSD_REGION, (ws_len,), jnp.float32)
-    y, final, ws = ssd_chunked_scan(x, dt, A, B, C, **args, workspace=ws, interpret=interpret)
-    arena = plan.write(arena, SSD_REGION, ws)
+    # T must fit the scratch (ValueError naming the token count); the section rows follow.
+    ws_spec = jax.ShapeDtypeStruct((slots * per_chunk,), jnp.float32)
+    dims = _validate(x, dt, A, B, C, **args, workspace=ws_spec)
+    rows = plan.arena_shape[0]
+    row0 = region.offset_bytes // ROW_BYTES
+    dims = dataclasses.replace(
+        dims,
+        dt_row=dims.dt_row + row0,
+        dacs_row=dims.dacs_row + row0,
+        cb_row=dims.cb_row + row0,
+        ws_rows=rows,
+    )
+    if cu_seqlens is None:
+        cu_seqlens = jnp.array([0, dims.num_tokens], jnp.int32)
+    # A reinterpretation of the whole arena (XLA: a bitcast, both ways).
+    ws2d = jax.lax.bitcast_convert_type(arena.reshape(rows, _F32_PER_ROW, 4), jnp.float32)
+    y, final, ws2d = _ssd_impl(
+        x,
+        dt,
+        A,
+        B,
+        C,
+        D,
+        dt_bias,
+        initial_states,
+        cu_seqlens,
+        ws2d,
+        dims=dims,
+        dt_softplus=dt_softplus,
+        has_d=D is not None,
+        has_init=initial_states is not None,
+        interpret=resolve_interpret(interpret),
+    )
+    arena = jax.lax.bitcast_convert_type(ws2d, jnp.uint8).reshape(plan.arena_shape)
     return arena, y, final

@@ -363,6 +363,54 @@ def test_arena_form_aliases_the_donated_arena():
     assert_footprint(step, arena, fn_kwargs=args, min_alias_bytes=plan.total_bytes)
 
 
+@pytest.mark.parametrize(
+    "T, cu, init", [(M_MAX, [0, 20, M_MAX], True), (33, None, False)], ids=["packed", "one"]
+)
+def test_arena_form_equals_the_workspace_form_bit_for_bit(T, cu, init):
+    """The in-place form (kernels addressing the scratch inside the whole arena) against the
+    standalone form run on a view of the same region: same y, final states and scratch bytes."""
+    plan = _mamba_plan()
+    region = plan.regions["ssd_scratch"]
+    assert region.offset_bytes > 0  # the scratch sits between other regions
+    before = random_arena(plan, seed=T)
+    S = 1 if cu is None else len(cu) - 1
+    inp = _inputs(T, AH, AP, AG, AN, S, seed=T)
+    kw = _kwargs(inp, cu, d=True, bias=True, softplus=True, init=init)
+    step = jax.jit(functools.partial(ssd_chunked_scan_into, plan=plan, **kw), donate_argnums=0)
+    arena, y, final = step(
+        jnp.asarray(before), x=inp["x"], dt=inp["dt"], A=inp["A"], B=inp["B"], C=inp["C"]
+    )
+    per_chunk = 2 * AH * 64 + AG * 64 * 64
+    n = region.nbytes // (4 * per_chunk) * per_chunk
+    ws = plan.view(jnp.asarray(before), "ssd_scratch", (n,), jnp.float32)
+    y_ws, f_ws, ws_after = ssd_chunked_scan(*_xs(inp), **kw, workspace=ws)
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(y_ws), err_msg="y")
+    np.testing.assert_array_equal(np.asarray(final), np.asarray(f_ws), err_msg="final_states")
+    got = plan.view(arena, "ssd_scratch", (n,), jnp.float32)
+    np.testing.assert_array_equal(
+        np.asarray(got).view(np.uint32), np.asarray(ws_after).view(np.uint32), err_msg="scratch"
+    )
+
+
+def test_arena_form_refuses_a_foreign_arena_and_an_unaligned_region():
+    plan = _mamba_plan()
+    arena = plan.allocate()
+    x = _xs(_inputs(8, AH, AP, AG, AN))
+    rows = plan.arena_shape[0]
+    with pytest.raises(ValueError, match=rf"arena must be the plan's uint8\[{rows}, 256\]"):
+        ssd_chunked_scan_into(arena[:-1], plan, *x)
+    with pytest.raises(ValueError, match="arena must be the plan's uint8"):
+        ssd_chunked_scan_into(jax.lax.bitcast_convert_type(arena, jnp.int8), plan, *x)
+    scratch = sum(n for _, n in ssd_scratch_layout(AH, AG, 64).values())
+    odd = ArenaPlan.sequential({"a": 64, "ssd_scratch": scratch}, align_bytes=64)
+    assert odd.regions["ssd_scratch"].offset_bytes % 256
+    with pytest.raises(ValueError, match="not on a 256-byte arena row"):
+        ssd_chunked_scan_into(odd.allocate(), odd, *x)
+    tiny = ArenaPlan.sequential({"ssd_scratch": 256})
+    with pytest.raises(ValueError, match="region 'ssd_scratch' holds 256 bytes"):
+        ssd_chunked_scan_into(tiny.allocate(), tiny, *x)
+
+
 def test_arena_form_rejects_what_does_not_fit():
     plan = _mamba_plan()
     arena = plan.allocate()
@@ -464,9 +512,12 @@ def test_lowers_for_cuda_as_triton_kernels():
 
     lowered = jax.jit(f).trace(**args).lower(lowering_platforms=("cuda",))
     text = lowered.as_text()
-    # Both phases compile as Triton kernels (phase 1 with the aliased scratch).
-    assert text.count("__gpu$xla.gpu.triton") == 2
-    assert "ssd_chunk" in text and "ssd_output" in text
+    # All four phases compile as Triton kernels (phase 1a with the aliased scratch), the
+    # state passing included: no per-chunk XLA loop is left.
+    assert text.count("__gpu$xla.gpu.triton") == 4
+    for name in ("ssd_cumsum_cb", "ssd_chunk", "ssd_state_passing", "ssd_output"):
+        assert name in text, name
+    assert "stablehlo.while" not in text
 
 
 def test_public_names_have_docstrings():
