@@ -1,19 +1,32 @@
 #!/usr/bin/env bash
-# The one prepared device check: every kernel benchmark on a GPU, each bounded in time, logs
-# under ${OUT:-/tmp/jaxarena-bench}. Expects jax with CUDA installed (pip install -e ".[cuda]").
-# Run from the repository root:  bash benchmarks/gpu_all.sh
+# The one prepared device check: compile-time predictions and real-GPU figures in one call
+# (under 10 minutes: the time limits below add up to 570 s), logs under
+# ${OUT:-/tmp/jaxarena-bench}. Expects jax with CUDA installed (pip install -e ".[cuda13]", or
+# ".[cuda]"). Run from the repository root:  bash benchmarks/gpu_all.sh
+#   1. predicted: the CI gate's footprint/launch/register figures, compiled for an H200 without
+#      using the GPU (JAX_PLATFORMS=cpu, deviceless; benchmarks/gpu_compile_figures.py);
+#   2. real: the copy bandwidth (a plain XLA a + 1 over 1 GiB) and every kernel's achieved GB/s
+#      against it, with the real compile's temp/alias bytes and launches
+#      (benchmarks/gpu_bandwidth.py): compare its footprint column with step 1's;
+#   3. the per-kernel benchmarks against their XLA baselines.
 set -uo pipefail
 out="${OUT:-/tmp/jaxarena-bench}"
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$(pwd)"
 python -c "import jax; print(jax.__version__, jax.devices())" | tee "$out/devices.txt"
+nvidia-smi --query-gpu=name,clocks.max.mem,memory.total --format=csv 2>/dev/null | tee -a "$out/devices.txt"
 run() {  # name, seconds, command...
   local name=$1 limit=$2
   shift 2
-  echo "== $name"
+  echo "== $name (limit ${limit} s)"
+  local t0=$SECONDS
   timeout "$limit" "$@" 2>&1 | tee "$out/$name.txt"
+  echo "== $name: $((SECONDS - t0)) s" | tee -a "$out/$name.txt"
 }
-run fp8 150 python benchmarks/bench_fp8_block_quant.py
-run splitk 200 python benchmarks/bench_splitk_decode_attention.py
-run ssd 150 python benchmarks/bench_ssd_chunked_scan.py
-run arena_views 60 python benchmarks/bench_arena_views.py --runs 200
+run predicted_h200 150 env JAX_PLATFORMS=cpu python benchmarks/gpu_compile_figures.py \
+  --target h200 --only fp8 splitk hybrid
+run real_bandwidth 150 python benchmarks/gpu_bandwidth.py
+run fp8 60 python benchmarks/bench_fp8_block_quant.py --m 16 4096
+run splitk 120 python benchmarks/bench_splitk_decode_attention.py
+run ssd 60 python benchmarks/bench_ssd_chunked_scan.py
+run arena_views 30 python benchmarks/bench_arena_views.py --runs 200
