@@ -1,29 +1,64 @@
-"""Public wrappers: split-K paged decode attention, standalone and into an arena.
+"""Public wrappers: split-K paged decode attention, standalone and in place in an arena.
 
 Decode attention over a vLLM-layout paged KV cache. The keys of every sequence are cut into
-`num_splits` contiguous page ranges; a Pallas kernel runs one program per
-`(sequence, KV head, query-head block, split)` and stores each split's unnormalised output
-and its running max / sum in the split-K workspace; a combine step in plain `jnp` (a few
-element-wise ops and a sum over at most 16 splits, which XLA fuses into one loop; a second
-kernel would buy nothing) merges the splits with the log-sum-exp rescaling.
+`num_splits` contiguous page ranges; an attention kernel runs one program per
+`(sequence, KV head, query-head block, split)` and stores each split's unnormalised output and
+its running max / sum in the split-K workspace; a combine kernel merges the splits with the
+log-sum-exp rescaling and writes the output (and the log-sum-exp). See `kernel.py`.
 
-Workspace layout (`f32[slots, D + 2]`, the arena's `splitk_workspace` seen as rows): the
-partial of (sequence `b`, query head `h`, split `s`) is row
-`(b * num_splits + s) * Hq + h`, holding `[o[0:D], m, l]`: `o = sum_t exp(x_t - m) v_t`
-(unnormalised), `m = max_t x_t`, `l = sum_t exp(x_t - m)` over the split's keys `t`, with
-`x_t = sm_scale * q . k_t`. An empty split holds `o = 0, m = -inf, l = 0`. Only the first
-`B * Hq * num_splits` rows are written. With `num_splits == 1` nothing is split: the kernel
-writes the normalised output directly and the workspace is not touched (this is why the
-seed's legacy policy, which sizes one slot per SM, never needs more slots than it sized).
+Options (all per call, all in both forms), and whose semantics each follows:
 
-The split ranges are page ranges of each sequence's own length: with
-`num_pages = ceil(len / block_size)` and `P = ceil(num_pages / num_splits)`, split `s` holds
-the pages `[s * P, min((s + 1) * P, num_pages))` of the block table, i.e. the tokens
-`[s * P * block_size, min((s + 1) * P * block_size, len))`.
+- `window_size` (sliding window; Mistral / Gemma-2/3 local layers / gpt-oss, as Hugging Face
+  transformers' `sliding_window`): the query at position `len - 1` sees the `window_size` most
+  recent keys `[len - window_size, len)`. Pages wholly before the window are never read; the
+  splits share the window's pages only.
+- `sinks` (gpt-oss's attention sinks): one learned logit per query head joins the softmax
+  denominator (`exp(sink)`, with no value and neither scaled nor soft-capped), so that
+  `out = sum_t e^{x_t} v_t / (e^{sink} + sum_t e^{x_t})`. A sequence of length 0 gives 0.
+- `softcap` (Gemma-2's logit soft-capping): `x = softcap * tanh(x / softcap)` applied to the
+  scaled logits `x = sm_scale * q . k`, before the mask and the softmax.
+- FP8 KV cache (vLLM's `kv_cache_dtype="fp8"` / `fp8_e4m3`): `float8_e4m3fn` pages and f32
+  scales, per tensor (as vLLM's `layer._k_scale` / `_v_scale`) or per KV head; the real key is
+  `k_scale * k`, the real value `v_scale * v`. The kernel converts the pages to q's dtype
+  (exact) and multiplies the dot products by the scales.
+- Head dims that are not powers of two (80, 96, 192, ...; any multiple of 8) run in
+  power-of-two column chunks inside the kernel; nothing is padded in HBM. `D_qk != D_v`:
+  separate caches of different widths, or (`v_cache=None, v_head_dim=D_v`) the layout of
+  DeepSeek's MLA absorbed decode as vLLM and FlashMLA store it: one latent cache
+  `[num_blocks, block_size, 1, 576]` whose first 512 columns are the values and whose 576
+  columns are the keys.
+- `return_lse` (FlashAttention / vLLM's `softmax_lse`, natural log): `lse[b, h] =
+  log(sum_t exp(x_t))` over the scaled, soft-capped logits of the visible keys (plus
+  `exp(sink)`), `-inf` for a sequence with no key and no sink. Computed where the splits are
+  merged, so `merge(out_a, lse_a, out_b, lse_b)` of two calls over disjoint key sets is the
+  attention over their union (prefix caching, cascade attention).
+
+Workspace layout (`f32[slots, D_v + 2]`, the arena's `splitk_workspace` seen as rows): the
+partial of (sequence `b`, query head `h`, split `s`) is row `(b * num_splits + s) * Hq + h`,
+holding `[o[0:D_v], m, l]`: `o = sum_t exp(x_t - m) v_t` (unnormalised), `m = max_t x_t`,
+`l = sum_t exp(x_t - m)` over the split's keys `t`. An empty split holds
+`o = 0, m = -inf, l = 0`. Only the first `B * Hq * num_splits` rows are written; with
+`num_splits == 1` nothing is split: the attention kernel writes the normalised output directly
+and the workspace is not touched (this is why the seed's legacy policy, which sizes one slot
+per SM, never needs more slots than it sized). None of the options needs more slots or wider
+ones; a slot is `(D_v + 2) * 4` bytes, so an arena sized with `head_dim = D_qk` has room for
+`D_v <= D_qk`, and an MLA model's arena must be sized with the value width (512) or more.
+
+The split ranges are page ranges of each sequence's own visible keys `[t0, len)` (`t0 = 0`
+without a window): with `first = t0 // block_size`, `n = ceil(len / block_size) - first` and
+`P = ceil(n / num_splits)`, split `s` holds the pages `[first + s * P, min(first + (s + 1) * P,
+first + n))` of the block table.
+
+In place (the arena form): the WHOLE arena goes into both `pallas_call`s as `uint32[rows, 64]`
+words (a reinterpretation XLA compiles to a bitcast), aliased to their output
+(`input_output_aliases`, `memory_space=pl.ANY`); the kernels store the partials and the output
+at the plan's static offsets. Nothing but the arena (and the optional LSE) is written, and no
+temporary grows with the shapes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import Any
@@ -31,6 +66,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
@@ -39,17 +75,19 @@ from jaxarena.workspaces import (
     MAX_DECODE_SPLITS,
     SPLITK_ATTN_REGIONS,
     splitk_policy,
-    splitk_slot_bytes,
     splitk_slots_needed,
 )
 from jaxarena.workspaces import num_splits as _policy_num_splits
-from pallas_kernels._args import check_finite as _check_finite
-from pallas_kernels._args import check_nonempty as _check_nonempty
 from pallas_kernels._args import check_rank as _shape
 from pallas_kernels._args import is_concrete as _is_concrete
 from pallas_kernels._args import is_int as _is_int
 from pallas_kernels._args import resolve_interpret
-from pallas_kernels.splitk_decode_attention.kernel import splitk_decode_attention_kernel
+from pallas_kernels.splitk_decode_attention.kernel import (
+    KernelConfig,
+    Place,
+    splitk_attention_kernel,
+    splitk_combine_kernel,
+)
 
 __all__ = [
     "SPLITK_ATTN_REGIONS",
@@ -60,15 +98,32 @@ __all__ = [
 ]
 
 _SUPPORTED_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-# Triton's dot needs every dimension >= 16; narrower pages use multiply-and-sum instead.
+_FP8 = jnp.dtype(jnp.float8_e4m3fn)
+# Triton's dot needs every dimension >= 16; narrower pages or chunks use multiply-and-sum.
 _MIN_DOT = 16
 # Query rows per program: a power of two; larger groups (MQA) get several head blocks.
 _MAX_BLOCK_H = 32
 _MAX_BLOCK_H_NO_DOT = 16
+# Wider heads (MLA's 576/512) get fewer rows per program and more warps (no spills).
+_WIDE = 256
+_ROW_BYTES = 256  # jaxarena's arena row
+_WORDS_PER_ROW = _ROW_BYTES // 4
+_I32_LIMIT = 2**31
 
 
 def _is_pow2(n: int) -> bool:
     return n > 0 and pl.next_power_of_2(n) == n
+
+
+def _chunks(d: int) -> tuple[tuple[int, int], ...]:
+    """Power-of-two column chunks of a head dim, widest first: 80 -> (0, 64), (64, 16)."""
+    out, c0 = [], 0
+    for bit in reversed(range(d.bit_length())):
+        w = 1 << bit
+        if d & w:
+            out.append((c0, w))
+            c0 += w
+    return tuple(out)
 
 
 def splitk_num_splits(
@@ -94,6 +149,48 @@ def splitk_num_splits(
     return max(1, min(int(n), MAX_DECODE_SPLITS))
 
 
+def _check_float_option(name: str, value: Any, *, positive: bool) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float | np.number):
+        raise ValueError(f"{name} must be a Python float or None, got {name}={value!r}")
+    if not math.isfinite(float(value)) or (positive and float(value) <= 0.0):
+        rule = "finite and > 0" if positive else "finite"
+        raise ValueError(f"{name} must be {rule}, got {name}={value}")
+
+
+def _check_scale(name: str, scale: Any, hkv: int) -> None:
+    """k_scale / v_scale: a positive float, or a float array of shape (), (1,) or (Hkv,)."""
+    if scale is None:
+        raise ValueError(
+            f"{name} is required with a float8_e4m3fn KV cache (vLLM's per-tensor or "
+            f"per-KV-head dequantization scale); pass a float or float32[{hkv}]"
+        )
+    if isinstance(scale, int | float | np.number) and not isinstance(scale, bool):
+        vals = np.asarray([float(scale)])
+    else:
+        shape = getattr(scale, "shape", None)
+        if shape is None or not jnp.issubdtype(getattr(scale, "dtype", np.int32), jnp.floating):
+            raise ValueError(
+                f"{name} must be a float or a floating array of shape (), (1,) or ({hkv},), "
+                f"got {type(scale).__name__}"
+            )
+        if tuple(shape) not in ((), (1,), (hkv,)):
+            raise ValueError(
+                f"{name}.shape={tuple(shape)} must be (), (1,) (per tensor) or ({hkv},) "
+                f"(per KV head, k_cache.shape[2]={hkv})"
+            )
+        if not _is_concrete(scale):
+            return  # values unknown under jit
+        vals = np.asarray(scale, np.float32).reshape(-1)
+    bad = ~np.isfinite(vals) | (vals <= 0.0)
+    if bad.any():
+        raise ValueError(
+            f"{name} must be finite and > 0 (a scale of 0 would dequantize every page to 0), "
+            f"got {name}={vals.tolist() if vals.size > 1 else float(vals[0])}"
+        )
+
+
 def _validate(
     q: Any,
     k_cache: Any,
@@ -105,51 +202,68 @@ def _validate(
     sm_scale: Any,
     levers: Any,
     target: Any,
+    window_size: Any,
+    sinks: Any,
+    softcap: Any,
+    k_scale: Any,
+    v_scale: Any,
+    v_head_dim: Any,
+    return_lse: Any,
     workspace: Any = None,
     arena: Any = None,
     plan: Any = None,
-) -> int:
+) -> tuple[int, int]:
     """Checks every argument of both entry points before anything is traced.
 
     Returns:
-      The split count to run (`num_splits`, or the policy's when it is None).
+      `(num_splits, d_v)`: the split count to run (`num_splits`, or the policy's when it is
+      None) and the value head dim.
 
     Raises:
-      ValueError: bad shapes or dtypes (see `splitk_decode_attention`), `num_splits` outside
-        1..16, a workspace (or arena region) too small for the slots needed, concrete
-        `seq_lens` negative or longer than the block table covers, concrete block-table
-        entries that are used and out of `[0, num_blocks)`, a bad `sm_scale`, `levers` or
-        `target`, or (arena form) a missing or too small region or a foreign arena.
-      NotImplementedError: valid input the kernel does not handle: a float dtype other than
-        f32/bf16/f16, a KV cache dtype other than q's, a head dim or page size that is not a
-        power of two.
+      ValueError: see `splitk_decode_attention` and `splitk_decode_attention_into`.
+      NotImplementedError: see `splitk_decode_attention`.
     """
     B, Hq, D = _shape("q", q, 3, "[batch, num_q_heads, head_dim]")
     kshape = _shape("k_cache", k_cache, 4, "[num_blocks, block_size, num_kv_heads, head_dim]")
-    vshape = _shape("v_cache", v_cache, 4, "[num_blocks, block_size, num_kv_heads, head_dim]")
+    if v_cache is None:
+        if not _is_int(v_head_dim) or not 1 <= v_head_dim <= kshape[3]:
+            raise ValueError(
+                "v_cache=None reads the values from the first v_head_dim columns of k_cache "
+                f"(MLA's latent cache): v_head_dim must be an int in 1..{kshape[3]} "
+                f"(k_cache.shape[3]), got {v_head_dim=!r}"
+            )
+        vshape = (*kshape[:3], int(v_head_dim))
+    else:
+        vshape = _shape("v_cache", v_cache, 4, "[num_blocks, block_size, num_kv_heads, head_dim_v]")
+        if v_head_dim is not None and v_head_dim != vshape[3]:
+            raise ValueError(
+                f"v_head_dim={v_head_dim!r} disagrees with v_cache.shape[3]={vshape[3]}; "
+                "pass v_head_dim only with v_cache=None"
+            )
     bshape = _shape("block_tables", block_tables, 2, "[batch, max_blocks_per_seq]")
     lshape = _shape("seq_lens", seq_lens, 1, "[batch]")
-    _check_nonempty("q", B, "batch size q.shape[0]")
     q_dtype = jnp.dtype(q.dtype)
     if not jnp.issubdtype(q_dtype, jnp.floating):
         raise ValueError(f"q must be floating (float32, bfloat16, float16), got q.dtype={q_dtype}")
-    if kshape != vshape:
+    if kshape[:3] != vshape[:3]:
         raise ValueError(
-            f"k_cache and v_cache must have the same shape, got k_cache.shape={kshape} and "
-            f"v_cache.shape={vshape}"
+            f"k_cache and v_cache must share [num_blocks, block_size, num_kv_heads], got "
+            f"k_cache.shape={kshape} and v_cache.shape={vshape}"
         )
     num_blocks, block_size, Hkv, Dk = kshape
+    Dv = vshape[3]
     if Dk != D:
         raise ValueError(
-            f"head dims differ: q.shape[-1]={D} but k_cache.shape[-1]={Dk}; q, k_cache and "
-            "v_cache must share head_dim"
+            f"head dims differ: q.shape[-1]={D} but k_cache.shape[-1]={Dk}; q and k_cache "
+            "must share head_dim"
         )
     if Hkv < 1 or Hq < 1 or Hq % Hkv:
         raise ValueError(
             f"num_q_heads must be a positive multiple of num_kv_heads (GQA/MQA), got "
             f"q.shape[1]={Hq} and k_cache.shape[2]={Hkv}"
         )
-    if jnp.dtype(k_cache.dtype) != jnp.dtype(v_cache.dtype):
+    kv_dtype = jnp.dtype(k_cache.dtype)
+    if v_cache is not None and kv_dtype != jnp.dtype(v_cache.dtype):
         raise ValueError(
             f"k_cache and v_cache must share a dtype, got k_cache.dtype={k_cache.dtype} and "
             f"v_cache.dtype={v_cache.dtype}"
@@ -176,11 +290,24 @@ def _validate(
                 f"num_splits must be in 1..{MAX_DECODE_SPLITS} (the workspace is sized for at "
                 f"most {MAX_DECODE_SPLITS} splits), got {num_splits=}"
             )
-    if sm_scale is not None:
-        if isinstance(sm_scale, bool) or not isinstance(sm_scale, int | float | np.number):
-            raise ValueError(f"sm_scale must be a Python float or None, got {sm_scale=!r}")
-        if not math.isfinite(float(sm_scale)):
-            raise ValueError(f"sm_scale must be finite, got {sm_scale=}")
+    _check_float_option("sm_scale", sm_scale, positive=False)
+    _check_float_option("softcap", softcap, positive=True)
+    if window_size is not None and (not _is_int(window_size) or window_size < 1):
+        raise ValueError(
+            f"window_size must be None or an int >= 1 (keys seen: the window_size most "
+            f"recent), got {window_size=!r}"
+        )
+    if not isinstance(return_lse, bool):
+        raise ValueError(f"return_lse must be True or False, got {return_lse=!r}")
+    if sinks is not None:
+        sshape = _shape("sinks", sinks, 1, f"[num_q_heads] (one logit per query head, {Hq})")
+        if sshape != (Hq,) or not jnp.issubdtype(sinks.dtype, jnp.floating):
+            raise ValueError(
+                f"sinks must be a floating array of shape ({Hq},) (q.shape[1]), got "
+                f"sinks.dtype={sinks.dtype}, sinks.shape={sshape}"
+            )
+        if _is_concrete(sinks) and not np.all(np.isfinite(np.asarray(sinks, np.float32))):
+            raise ValueError(f"sinks must be finite, got sinks={np.asarray(sinks).tolist()}")
     if levers is not None and not isinstance(levers, Levers):
         raise ValueError(f"levers must be a jaxarena.Levers or None, got {levers=!r}")
     if target is not None and not isinstance(target, Target):
@@ -188,13 +315,28 @@ def _validate(
 
     if q_dtype not in _SUPPORTED_DTYPES:
         raise NotImplementedError(f"q.dtype={q_dtype} is not supported; use f32, bf16 or f16")
-    if jnp.dtype(k_cache.dtype) != q_dtype:
-        raise NotImplementedError(
-            f"k_cache.dtype={k_cache.dtype} differs from q.dtype={q_dtype}; a KV cache in "
-            "another dtype (e.g. FP8) is not supported, cast q or the cache"
-        )
-    if not _is_pow2(D):
-        raise NotImplementedError(f"head_dim={D} must be a power of two (Triton tiles)")
+    if kv_dtype == _FP8:
+        _check_scale("k_scale", k_scale, Hkv)
+        _check_scale("v_scale", v_scale, Hkv)
+    else:
+        if kv_dtype != q_dtype:
+            raise NotImplementedError(
+                f"k_cache.dtype={kv_dtype} differs from q.dtype={q_dtype}; the cache must be "
+                "in q's dtype or float8_e4m3fn (with k_scale and v_scale)"
+            )
+        for name, val in (("k_scale", k_scale), ("v_scale", v_scale)):
+            if val is not None:
+                raise ValueError(
+                    f"{name} applies to a float8_e4m3fn KV cache only; k_cache.dtype={kv_dtype}"
+                )
+    for name, d in (("head_dim", D), ("v_head_dim", Dv)):
+        if not (_is_pow2(d) or d % 8 == 0):
+            raise NotImplementedError(
+                f"{name}={d} must be a power of two or a multiple of 8 (the kernel works in "
+                "power-of-two column chunks of at least 8)"
+            )
+    if q_dtype.itemsize == 2 and Dv % 2:
+        raise NotImplementedError(f"v_head_dim={Dv} must be even for a 16-bit output")
     if not _is_pow2(block_size):
         raise NotImplementedError(
             f"block_size={block_size} (k_cache.shape[1]) must be a power of two (Triton tiles)"
@@ -202,7 +344,6 @@ def _validate(
 
     # Values, when they are known (eager calls). Under jit the kernel clamps every length to
     # max_blocks_per_seq * block_size and every page id into [0, num_blocks).
-    _check_finite("q", q, "every output of that query head would be NaN")
     if _is_concrete(seq_lens):
         lens = np.asarray(seq_lens)
         cap = max_pages * block_size
@@ -217,7 +358,10 @@ def _validate(
             )
         if _is_concrete(block_tables):
             table = np.asarray(block_tables)
-            used = np.arange(max_pages)[None, :] < -(-lens[:, None] // block_size)
+            pages = np.arange(max_pages)[None, :]
+            used = pages < -(-lens[:, None] // block_size)
+            if window_size is not None:  # pages wholly before the window are never read
+                used &= pages >= np.maximum(lens[:, None] - window_size, 0) // block_size
             bad = used & ((table < 0) | (table >= num_blocks))
             if bad.any():
                 b, p = (int(i) for i in np.argwhere(bad)[0])
@@ -232,13 +376,13 @@ def _validate(
         else int(num_splits)
     )
     needed = splitk_slots_needed(B, Hq, splits)
-    row = f"[{D} + 2] f32"
+    row = f"[{Dv} + 2] f32"
 
     if workspace is not None:
-        wshape = _shape("workspace", workspace, 2, f"[slots, head_dim + 2] (rows of {row})")
-        if jnp.dtype(workspace.dtype) != jnp.float32 or wshape[1] != D + 2:
+        wshape = _shape("workspace", workspace, 2, f"[slots, head_dim_v + 2] (rows of {row})")
+        if jnp.dtype(workspace.dtype) != jnp.float32 or wshape[1] != Dv + 2:
             raise ValueError(
-                f"workspace must be float32[slots, {D + 2}] (head_dim + 2), got "
+                f"workspace must be float32[slots, {Dv + 2}] (head_dim_v + 2), got "
                 f"workspace.dtype={workspace.dtype}, workspace.shape={wshape}"
             )
         if needed > wshape[0]:
@@ -248,109 +392,209 @@ def _validate(
                 "workspace (size the arena for this batch and policy)"
             )
     if plan is None:
-        return splits
+        return splits, Dv
 
     if not callable(getattr(plan, "check_fits", None)):
         raise ValueError(f"plan must be a jaxarena.ArenaPlan, got {type(plan).__name__}")
-    uses = [(SPLITK_ATTN_REGIONS[1], (B, Hq * D), q_dtype, "the output")]
+    uses = [(SPLITK_ATTN_REGIONS[1], (B, Hq * Dv), q_dtype, "the output")]
     if needed:
         note = f"B={B} x Hq={Hq} x num_splits={splits} = {needed} slots of {row}"
-        uses.append((SPLITK_ATTN_REGIONS[0], (needed, D + 2), jnp.float32, note))
+        uses.append((SPLITK_ATTN_REGIONS[0], (needed, Dv + 2), jnp.float32, note))
     plan.check_fits(*uses, arena=arena, what="splitk_decode_attention_into")
-    return splits
+    for name, shape, dtype, *_ in uses:
+        region = plan.regions[name]
+        nbytes = math.prod(shape) * jnp.dtype(dtype).itemsize
+        if region.offset_bytes % 4:
+            raise ValueError(
+                f"splitk_decode_attention_into: region {name!r} starts at byte "
+                f"{region.offset_bytes}, not a multiple of 4; the kernels store 32-bit words "
+                "(plans align regions to 256 bytes by default)"
+            )
+        if nbytes >= _I32_LIMIT:
+            raise NotImplementedError(
+                f"splitk_decode_attention_into: {nbytes} bytes in region {name!r}: offsets "
+                "inside a region are int32, so a region's used part must stay below 2^31 bytes"
+            )
+    return splits, Dv
 
 
-def _combine(ws: jax.Array, *, batch: int, num_q_heads: int, num_splits: int) -> jax.Array:
-    """Merges the splits' partials (rows `(b * S + s) * Hq + h`) into `f32[B, Hq, D]`."""
-    d = ws.shape[1] - 2
-    part = ws[: batch * num_splits * num_q_heads].reshape(batch, num_splits, num_q_heads, d + 2)
-    o, m, denom = part[..., :d], part[..., d], part[..., d + 1]
-    m_max = jnp.max(m, axis=1, keepdims=True)
-    # All splits empty (seq_len 0): m_max = -inf; use 0 so that the weights are exp(-inf) = 0.
-    m_max = jnp.where(jnp.isfinite(m_max), m_max, 0.0)
-    w = jnp.exp(m - m_max)  # [B, S, Hq]; 0 for empty splits
-    l_sum = jnp.sum(w * denom, axis=1)
-    o_sum = jnp.sum(w[..., None] * o, axis=1)
-    # 0 only for an exactly empty sum (no key); a NaN sum stays NaN, never a plausible 0.
-    safe = jnp.where(l_sum == 0.0, 1.0, l_sum)
-    return jnp.where((l_sum == 0.0)[..., None], 0.0, o_sum / safe[..., None])
+def _place(offset_bytes: int) -> Place:
+    """The place of an arena region starting at `offset_bytes` in the `uint32[rows, 64]` view."""
+    row0, col = divmod(offset_bytes, _ROW_BYTES)
+    return Place(row0, col // 4, _WORDS_PER_ROW)
+
+
+def _words(x: jax.Array) -> jax.Array:
+    """uint8 `[rows, 256]` arena -> uint32 `[rows, 64]` (an XLA bitcast)."""
+    return lax.bitcast_convert_type(x.reshape(x.shape[0], _WORDS_PER_ROW, 4), jnp.uint32)
+
+
+def _from_words(words: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.Array:
+    """uint32 words -> `dtype[shape]` (an XLA bitcast and reshape)."""
+    return lax.bitcast_convert_type(words, jnp.dtype(dtype)).reshape(shape)
 
 
 @functools.partial(
     jax.jit,
-    static_argnames=("num_splits", "sm_scale", "interpret"),
-    donate_argnames=("workspace",),
+    static_argnames=("opts", "interpret", "count_pages", "debug"),
+    donate_argnames=("buf",),
 )
 def _decode(
     q: jax.Array,
     k_cache: jax.Array,
-    v_cache: jax.Array,
+    v_cache: jax.Array | None,
     block_tables: jax.Array,
     seq_lens: jax.Array,
-    workspace: jax.Array | None,
+    scales: tuple[jax.Array, jax.Array] | None,
+    sinks: jax.Array | None,
+    buf: jax.Array | None,
     *,
-    num_splits: int,
-    sm_scale: float,
+    opts: tuple,
     interpret: bool,
-) -> tuple[jax.Array, jax.Array | None]:
+    count_pages: bool = False,
+    debug: bool = False,
+):
+    """Both passes. `buf`: the workspace (standalone), the arena (arena form) or None.
+
+    `opts = (num_splits, sm_scale, softcap, window, return_lse, d_v, arena_offsets)` with
+    `arena_offsets = (ws_offset, out_offset)` in the arena form, else None. `count_pages`
+    adds an `int32[B, Hkv, head_blocks, S]` output: the pages each program's loop visited.
+    `debug` prints the kernels' jaxprs and Triton IR when lowering for a GPU (tests read it).
+    """
+    num_splits, sm_scale, softcap, window, return_lse, d_v, arena_offsets = opts
     B, Hq, D = q.shape
     _, block_size, Hkv, _ = k_cache.shape
     group = Hq // Hkv
-    use_dot = block_size >= _MIN_DOT and D >= _MIN_DOT
+    qk_chunks, v_chunks = _chunks(D), _chunks(d_v)
+    use_dot = block_size >= _MIN_DOT and min(w for _, w in qk_chunks + v_chunks) >= _MIN_DOT
+    wide = max(D, d_v) > _WIDE
     if use_dot:
-        block_h = min(max(pl.next_power_of_2(group), _MIN_DOT), _MAX_BLOCK_H)
+        cap = _MIN_DOT if wide else _MAX_BLOCK_H
+        block_h = min(max(pl.next_power_of_2(group), _MIN_DOT), cap)
     else:
         block_h = min(pl.next_power_of_2(group), _MAX_BLOCK_H_NO_DOT)
     num_head_blocks = -(-group // block_h)
-    write_partials = num_splits > 1
-    kernel = functools.partial(
-        splitk_decode_attention_kernel,
+    itemsize = jnp.dtype(q.dtype).itemsize
+    out_row_words = d_v * itemsize // 4
+    arena_form = arena_offsets is not None
+    split = num_splits > 1
+
+    if arena_form:
+        dst = _words(buf)
+        ws_place, out_place = (_place(off) for off in arena_offsets)
+    else:
+        out_place = Place(0, 0, out_row_words)
+        ws_place = Place(0, 0, d_v + 2)
+        if split:
+            ws = buf if buf is not None else jnp.zeros((B * Hq * num_splits, d_v + 2), jnp.float32)
+            dst = lax.bitcast_convert_type(ws, jnp.uint32)
+    out_words_shape = jax.ShapeDtypeStruct((B * Hq, out_row_words), jnp.uint32)
+    lse_shape = jax.ShapeDtypeStruct((B, Hq), jnp.float32)
+    cfg = KernelConfig(
         sm_scale=sm_scale,
         num_splits=num_splits,
         num_q_heads=Hq,
         group_size=group,
         block_h=block_h,
-        write_partials=write_partials,
         use_dot=use_dot,
+        qk_chunks=qk_chunks,
+        v_chunks=v_chunks,
+        v_from_k=v_cache is None,
+        softcap=softcap,
+        window=window,
+        fp8=scales is not None,
+        sinks=sinks is not None,
+        out_itemsize=itemsize,
+        out_dtype=jnp.dtype(q.dtype).name,
+        return_lse=return_lse,
+        count_pages=count_pages,
+        ws=ws_place if split else None,
+        out=out_place,
     )
-    whole = pl.no_block_spec
-    common = dict(
+    any_spec = pl.BlockSpec(memory_space=pl.ANY)
+    params = plgpu.CompilerParams(num_warps=8 if wide else 4, num_stages=2)
+
+    inputs = [q, k_cache] + ([] if v_cache is None else [v_cache]) + [block_tables, seq_lens]
+    if scales is not None:
+        inputs += list(scales)
+    if sinks is not None:
+        inputs.append(sinks)
+    in_place = split or arena_form
+    outs = [jax.ShapeDtypeStruct(dst.shape, jnp.uint32) if in_place else out_words_shape]
+    aliases = {}
+    if in_place:
+        aliases = {len(inputs): 0}
+        inputs.append(dst)
+    lse_here = return_lse and not split
+    if lse_here:
+        outs.append(lse_shape)
+    if count_pages:
+        outs.append(jax.ShapeDtypeStruct((B, Hkv, num_head_blocks, num_splits), jnp.int32))
+    results = pl.pallas_call(
+        functools.partial(
+            splitk_attention_kernel, cfg=dataclasses.replace(cfg, dst_is_input=in_place)
+        ),
         grid=(B, Hkv, num_head_blocks, num_splits),
+        in_specs=[any_spec] * len(inputs),
+        out_specs=[any_spec] * len(outs),
+        out_shape=outs,
+        input_output_aliases=aliases,
         interpret=interpret,
         # Explicit Triton params: jax 0.10 otherwise lowers GPU pallas_calls with Mosaic GPU.
         # Two stages let Triton prefetch the next page while the current one is reduced.
-        compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2),
+        compiler_params=params,
         name="splitk_decode_attention",
-    )
-    args = (q, k_cache, v_cache, block_tables, seq_lens)
-    if not write_partials:
-        out = pl.pallas_call(
-            kernel,
-            in_specs=[whole] * 5,
-            out_specs=whole,
-            out_shape=jax.ShapeDtypeStruct((B, Hq, D), q.dtype),
-            **common,
-        )(*args)
-        return out, workspace
-    own = workspace is None
-    if own:
-        workspace = jnp.zeros((B * Hq * num_splits, D + 2), jnp.float32)
-    workspace = pl.pallas_call(
-        kernel,
-        in_specs=[whole] * 6,
-        out_specs=whole,
-        out_shape=jax.ShapeDtypeStruct(workspace.shape, jnp.float32),
-        input_output_aliases={5: 0},
-        **common,
-    )(*args, workspace)
-    out = _combine(workspace, batch=B, num_q_heads=Hq, num_splits=num_splits)
-    return out.astype(q.dtype), (None if own else workspace)
+        debug=debug,
+    )(*inputs)
+    results = list(results)
+    dst = results.pop(0)
+    lse = results.pop(0) if lse_here else None
+    pages = results.pop(0) if count_pages else None
+
+    if split:
+        inputs = ([] if sinks is None else [sinks]) + [dst]
+        outs = [jax.ShapeDtypeStruct(dst.shape, jnp.uint32) if arena_form else out_words_shape]
+        if return_lse:
+            outs.append(lse_shape)
+        results = pl.pallas_call(
+            functools.partial(splitk_combine_kernel, cfg=cfg),
+            grid=(B, Hkv, num_head_blocks),
+            in_specs=[any_spec] * len(inputs),
+            out_specs=[any_spec] * len(outs),
+            out_shape=outs,
+            input_output_aliases={len(inputs) - 1: 0} if arena_form else {},
+            interpret=interpret,
+            compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
+            name="splitk_combine",
+            debug=debug,
+        )(*inputs)
+        if not arena_form:
+            buf = None if buf is None else lax.bitcast_convert_type(dst, jnp.float32)
+        dst = results[0]
+        lse = results[1] if return_lse else None
+    if arena_form:
+        out = lax.bitcast_convert_type(dst, jnp.uint8).reshape(buf.shape)
+    else:
+        out = _from_words(dst, (B, Hq, d_v), q.dtype)
+    return out, lse, buf if not arena_form else None, pages
+
+
+def _prepare(q, k_cache, k_scale, v_scale, sinks):
+    """The scales as `f32[Hkv]` (or None) and the sinks as `f32[Hq]` (or None)."""
+    scales = None
+    if jnp.dtype(k_cache.dtype) == _FP8:
+        hkv = k_cache.shape[2]
+        scales = tuple(
+            jnp.broadcast_to(jnp.asarray(s, jnp.float32).reshape(-1), (hkv,))
+            for s in (k_scale, v_scale)
+        )
+    return scales, None if sinks is None else jnp.asarray(sinks, jnp.float32)
 
 
 def splitk_decode_attention(
     q: jax.Array,
     k_cache: jax.Array,
-    v_cache: jax.Array,
+    v_cache: jax.Array | None,
     block_tables: jax.Array,
     seq_lens: jax.Array,
     *,
@@ -360,22 +604,32 @@ def splitk_decode_attention(
     levers: Levers | None = None,
     target: Target | None = None,
     interpret: bool | None = None,
-) -> jax.Array | tuple[jax.Array, jax.Array]:
+    window_size: int | None = None,
+    sinks: jax.Array | None = None,
+    softcap: float | None = None,
+    k_scale: Any = None,
+    v_scale: Any = None,
+    v_head_dim: int | None = None,
+    return_lse: bool = False,
+) -> Any:
     """Decode attention over a paged KV cache (vLLM layout), split-K over the keys.
 
-    `out[b, h] = softmax(sm_scale * q[b, h] . K[b, :len_b]^T) @ V[b, :len_b]`, where query
-    head `h` reads KV head `h // (Hq // Hkv)` (GQA; MQA when `Hkv == 1`), key/value `t` of
-    sequence `b` is row `t % block_size` of page `block_tables[b, t // block_size]`, and
-    `len_b = seq_lens[b]`. A sequence of length 0 gives zeros. Softmax statistics and
-    accumulation are f32. See the module docstring for the split ranges and the workspace
-    layout.
+    `out[b, h] = softmax(x) @ V[b]` with `x_t = sm_scale * q[b, h] . K[b, t]` over the visible
+    keys `t` of sequence `b` (its first `seq_lens[b]` keys, or the last `window_size` of
+    them), where query head `h` reads KV head `h // (Hq // Hkv)` (GQA; MQA when `Hkv == 1`),
+    and key/value `t` is row `t % block_size` of page `block_tables[b, t // block_size]`. A
+    sequence with no visible key gives zeros. Softmax statistics and accumulation are f32.
+    See the module docstring for the options' semantics, the split ranges and the workspace.
 
     Args:
-      q: `[B, Hq, D]` float32, bfloat16 or float16; `D` a power of two (64, 128, 256, ...).
-      k_cache, v_cache: `[num_blocks, block_size, Hkv, D]` in q's dtype; `block_size` a power
-        of two. Read only.
+      q: `[B, Hq, D]` float32, bfloat16 or float16; `D` a power of two or a multiple of 8
+        (64, 80, 96, 128, 192, 256, 576, ...).
+      k_cache: `[num_blocks, block_size, Hkv, D]` in q's dtype or `float8_e4m3fn`;
+        `block_size` a power of two. Read only.
+      v_cache: `[num_blocks, block_size, Hkv, D_v]` in k_cache's dtype (`D_v` may differ
+        from `D`), or None with `v_head_dim` (values inside k_cache). Read only.
       block_tables: `int32[B, max_blocks_per_seq]`: page ids of each sequence, in order.
-        Entries past a sequence's last page are never read.
+        Entries past a sequence's last page (or before its window) are never read.
       seq_lens: `int32[B]`, each in `[0, max_blocks_per_seq * block_size]`. Checked when
         concrete (eager calls, together with the used block-table entries); under `jit`
         nothing about the values is known statically, so the kernel clamps each length to
@@ -384,56 +638,82 @@ def splitk_decode_attention(
       num_splits: key splits per (sequence, head), 1..16. `None` takes the seed's policy
         (`splitk_num_splits(B, Hq, levers=levers, target=target)`).
       sm_scale: logit scale, a Python float; default `1 / sqrt(D)`.
-      workspace: optional `float32[slots, D + 2]`, e.g. the arena's `splitk_workspace` viewed
-        as rows. Donated: its first `B * Hq * num_splits` rows (none with one split) are
-        overwritten in place (`input_output_aliases`), the others are left unchanged; use the
-        returned workspace, not the one passed. Without it a temporary is used.
+      workspace: optional `float32[slots, D_v + 2]`, e.g. the arena's `splitk_workspace`
+        viewed as rows. Donated: its first `B * Hq * num_splits` rows (none with one split)
+        are overwritten in place (`input_output_aliases`), the others are left unchanged; use
+        the returned workspace, not the one passed. Without it a temporary is used.
       levers, target: pin the policy's inputs (`None`: environment and detected device).
       interpret: `None` interprets on CPU and compiles the Triton kernel on GPU.
-
-    Non-finite values: keys and values past `seq_lens[b]` (the unused tail of the last page)
-    never enter the arithmetic, so stale bytes there (NaN included) do not matter. A concrete
-    `q` must be finite (ValueError). A NaN or infinity in a traced `q`, or in a key or value
-    the sequence does attend to, gives NaN for the heads it reaches: never a plausible 0.
+      window_size: sliding window, `None` (all keys) or an int >= 1: the query at position
+        `len - 1` sees keys `[max(0, len - window_size), len)` (Hugging Face's
+        `sliding_window` for Mistral, Gemma-2/3 local layers and gpt-oss). Pages before the
+        window are never read.
+      sinks: `[Hq]` float (cast to f32), gpt-oss's attention sinks: `exp(sinks[h])` joins
+        head `h`'s softmax denominator and contributes no value (not scaled, not capped).
+      softcap: Gemma-2 logit soft-cap, a float > 0: `x = softcap * tanh(x / softcap)` on the
+        scaled logits.
+      k_scale, v_scale: required with `float8_e4m3fn` caches (and refused otherwise): a float
+        > 0 or a float array of shape `()`, `(1,)` (per tensor) or `(Hkv,)` (per KV head), as
+        vLLM's FP8 KV cache stores them: the real key is `k_scale * k`, the value
+        `v_scale * v`. Concrete scales must be finite and > 0 (0 is refused).
+      v_head_dim: with `v_cache=None`, the values are the first `v_head_dim` columns of
+        `k_cache` (MLA's latent cache: 576-wide keys, 512-wide values).
+      return_lse: also return `lse f32[B, Hq]`, natural-log log-sum-exp of the visible
+        scaled (soft-capped) logits, plus `exp(sink)`; `-inf` when there is nothing to sum.
 
     Returns:
-      `out [B, Hq, D]` in q's dtype, or `(out, workspace)` when a workspace is passed.
+      `out [B, Hq, D_v]` in q's dtype; with `return_lse`, `(out, lse)`; with a workspace,
+      `workspace` is appended: `(out, workspace)` or `(out, lse, workspace)`.
 
     Raises:
       ValueError: wrong ranks or dtypes (q not floating; tables or lengths not int32), head
-        dims that differ, `Hq % Hkv != 0`, k/v caches of different shapes or dtypes, a batch
-        size mismatch or a batch of 0, a concrete non-finite q, `num_splits` outside 1..16, a workspace of the wrong shape/dtype or
-        with fewer than `B * Hq * num_splits` slots (nothing is written), concrete lengths
-        beyond what the block table covers or used page ids out of range. All before tracing.
+        dims that differ, `Hq % Hkv != 0`, k/v caches of different page shapes or dtypes, a
+        batch size mismatch, `num_splits` outside 1..16, a workspace of the wrong shape/dtype
+        or with fewer than `B * Hq * num_splits` slots (nothing is written), concrete lengths
+        beyond what the block table covers or used page ids out of range, a bad `sm_scale`,
+        `softcap` (<= 0), `window_size` (< 1), `sinks` shape or value, FP8 scales missing,
+        misshaped or <= 0, scales with a non-FP8 cache, `v_head_dim` inconsistent with
+        `v_cache`. All before tracing.
       NotImplementedError: f64 or another unsupported float, a KV cache dtype other than
-        q's, a head dim or page size that is not a power of two.
+        q's or float8_e4m3fn, a head dim neither a power of two nor a multiple of 8, a page
+        size that is not a power of two.
     """
-    splits = _validate(
-        q,
-        k_cache,
-        v_cache,
-        block_tables,
-        seq_lens,
-        num_splits=num_splits,
-        sm_scale=sm_scale,
-        levers=levers,
-        target=target,
-        workspace=workspace,
-    )
-    interpret = resolve_interpret(interpret)
+    splits, d_v = _validate(
+        q, k_cache, v_cache, block_tables, seq_lens, num_splits=num_splits,
+        sm_scale=sm_scale, levers=levers, target=target, window_size=window_size, sinks=sinks,
+        softcap=softcap, k_scale=k_scale, v_scale=v_scale, v_head_dim=v_head_dim,
+        return_lse=return_lse, workspace=workspace,
+    )  # fmt: skip
+    out, lse, ws, _ = _run(
+        q, k_cache, v_cache, block_tables, seq_lens, workspace, splits=splits, d_v=d_v,
+        sm_scale=sm_scale, softcap=softcap, window_size=window_size, sinks=sinks,
+        k_scale=k_scale, v_scale=v_scale, return_lse=return_lse, interpret=interpret,
+        arena_offsets=None,
+    )  # fmt: skip
+    result = (out, lse) if return_lse else (out,)
+    if workspace is not None:
+        result = (*result, ws)
+    return result[0] if len(result) == 1 else result
+
+
+def _run(q, k_cache, v_cache, block_tables, seq_lens, buf, *, splits, d_v, sm_scale, softcap,
+         window_size, sinks, k_scale, v_scale, return_lse, interpret, arena_offsets,
+         count_pages=False, debug=False):  # fmt: skip
+    scales, sinks = _prepare(q, k_cache, k_scale, v_scale, sinks)
     scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else float(sm_scale)
-    out, ws = _decode(
-        q,
-        k_cache,
-        v_cache,
-        block_tables,
-        seq_lens,
-        workspace,
-        num_splits=splits,
-        sm_scale=scale,
-        interpret=interpret,
+    opts = (
+        splits,
+        scale,
+        None if softcap is None else float(softcap),
+        None if window_size is None else int(window_size),
+        return_lse,
+        d_v,
+        arena_offsets,
     )
-    return out if workspace is None else (out, ws)
+    return _decode(
+        q, k_cache, v_cache, block_tables, seq_lens, scales, sinks, buf, opts=opts,
+        interpret=resolve_interpret(interpret), count_pages=count_pages, debug=debug,
+    )  # fmt: skip
 
 
 def splitk_decode_attention_into(
@@ -441,7 +721,7 @@ def splitk_decode_attention_into(
     plan: Any,
     q: jax.Array,
     k_cache: jax.Array,
-    v_cache: jax.Array,
+    v_cache: jax.Array | None,
     block_tables: jax.Array,
     seq_lens: jax.Array,
     *,
@@ -450,65 +730,59 @@ def splitk_decode_attention_into(
     levers: Levers | None = None,
     target: Target | None = None,
     interpret: bool | None = None,
-) -> jax.Array:
-    """`splitk_decode_attention` with its workspace and output in the arena.
+    window_size: int | None = None,
+    sinks: jax.Array | None = None,
+    softcap: float | None = None,
+    k_scale: Any = None,
+    v_scale: Any = None,
+    v_head_dim: int | None = None,
+    return_lse: bool = False,
+) -> Any:
+    """`splitk_decode_attention` computed in place in the arena.
 
-    The workspace is the plan's `splitk_workspace` region seen as
-    `float32[nbytes // ((D + 2) * 4), D + 2]` (as many slots as it holds; the sizing gives
-    `slots * (head_dim + 2) * 4` bytes); the partials land in its first `B * Hq * num_splits`
-    rows (none with one split). The output is stored at the start of `attn_output` as
-    `[B, Hq * D]` in q's dtype. Every other byte of the arena is left unchanged.
+    The whole arena goes into both kernels (aliased, `memory_space=pl.ANY`); they store the
+    partials in the plan's `splitk_workspace` region, seen as `float32[slots, D_v + 2]` rows
+    (the partials of a call land in its first `B * Hq * num_splits` rows, none with one
+    split), and the output at the start of `attn_output` as `[B, Hq * D_v]` in q's dtype.
+    Every other byte of the arena is left unchanged; bit for bit the same bytes as
+    `splitk_decode_attention` with the region as its workspace.
 
     Args:
       arena: the plan's `uint8` arena. Donate it to the enclosing `jax.jit` for the writes to
-        happen in place; use the returned arena afterwards.
+        happen in place (otherwise XLA copies it once); use the returned arena afterwards.
       plan: a `jaxarena.ArenaPlan` with `attn_output` and (for more than one split)
-        `splitk_workspace` regions.
+        `splitk_workspace` regions, each starting on a 4-byte boundary (the default 256-byte
+        alignment does) with its used part below 2^31 bytes.
       q, k_cache, v_cache, block_tables, seq_lens, num_splits, sm_scale, levers, target,
-        interpret: as for `splitk_decode_attention`.
+        interpret, window_size, sinks, softcap, k_scale, v_scale, v_head_dim, return_lse: as
+        for `splitk_decode_attention`.
 
     Returns:
-      The arena with `attn_output` (and the used workspace slots) written.
+      The arena with `attn_output` (and the used workspace slots) written; with
+      `return_lse`, `(arena, lse f32[B, Hq])` (the LSE is a small output, not in the arena).
 
     Raises:
       ValueError: everything `splitk_decode_attention` rejects, a missing region, an
-        `attn_output` smaller than `B * Hq * D * itemsize`, a `splitk_workspace` with fewer
-        slots than `B * Hq * num_splits`, or an arena that is not the plan's; all before
-        tracing, with nothing written.
-      NotImplementedError: as for `splitk_decode_attention`.
+        `attn_output` smaller than `B * Hq * D_v * itemsize`, a `splitk_workspace` with fewer
+        slots than `B * Hq * num_splits`, a region not on a 4-byte boundary, or an arena that
+        is not the plan's; all before tracing, with nothing written.
+      NotImplementedError: as for `splitk_decode_attention`; also a used region part of
+        2^31 bytes or more.
     """
-    splits = _validate(
-        q,
-        k_cache,
-        v_cache,
-        block_tables,
-        seq_lens,
-        num_splits=num_splits,
-        sm_scale=sm_scale,
-        levers=levers,
-        target=target,
-        arena=arena,
-        plan=plan,
+    splits, d_v = _validate(
+        q, k_cache, v_cache, block_tables, seq_lens, num_splits=num_splits,
+        sm_scale=sm_scale, levers=levers, target=target, window_size=window_size, sinks=sinks,
+        softcap=softcap, k_scale=k_scale, v_scale=v_scale, v_head_dim=v_head_dim,
+        return_lse=return_lse, arena=arena, plan=plan,
+    )  # fmt: skip
+    offsets = tuple(
+        plan.regions[name].offset_bytes if name in plan.regions else 0
+        for name in SPLITK_ATTN_REGIONS
     )
-    interpret = resolve_interpret(interpret)
-    B, Hq, D = q.shape
-    scale = 1.0 / math.sqrt(D) if sm_scale is None else float(sm_scale)
-    ws = None
-    if splits > 1:
-        slots = plan.regions["splitk_workspace"].nbytes // splitk_slot_bytes(D)
-        ws = plan.view(arena, "splitk_workspace", (slots, D + 2), jnp.float32)
-    out, ws = _decode(
-        q,
-        k_cache,
-        v_cache,
-        block_tables,
-        seq_lens,
-        ws,
-        num_splits=splits,
-        sm_scale=scale,
-        interpret=interpret,
-    )
-    if ws is not None:
-        # Only the rows the kernel wrote; the rest of the region keeps its bytes.
-        arena = plan.write(arena, "splitk_workspace", ws[: splitk_slots_needed(B, Hq, splits)])
-    return plan.write(arena, "attn_output", out.reshape(B, Hq * D))
+    arena, lse, _, _ = _run(
+        q, k_cache, v_cache, block_tables, seq_lens, arena, splits=splits, d_v=d_v,
+        sm_scale=sm_scale, softcap=softcap, window_size=window_size, sinks=sinks,
+        k_scale=k_scale, v_scale=v_scale, return_lse=return_lse, interpret=interpret,
+        arena_offsets=offsets,
+    )  # fmt: skip
+    return (arena, lse) if return_lse else arena

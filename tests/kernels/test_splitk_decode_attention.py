@@ -292,7 +292,7 @@ def _bad(**changes):
             r"block_tables must be int32",
         ),
         (dict(block_tables=jnp.zeros((2, 5), jnp.int32)), ValueError, r"block_tables.shape\[0\]=2"),
-        (dict(v_cache=jnp.zeros((16, 16, 2, 32))), ValueError, r"same shape"),
+        (dict(v_cache=jnp.zeros((15, 16, 2, 64))), ValueError, r"must share \[num_blocks"),
         (
             dict(seq_lens=jnp.asarray([81, 0, 1], jnp.int32)),
             ValueError,
@@ -430,7 +430,8 @@ def test_lowers_for_cuda(name):
         )
 
     text = jax.jit(f).trace(q, kv, kv, bt, sl, ws).lower(lowering_platforms=("cuda",)).as_text()
-    assert len(re.findall(r"__gpu\$xla\.gpu\.triton", text)) == 1
+    # The attention pass, and the combine pass when there are splits to merge.
+    assert len(re.findall(r"__gpu\$xla\.gpu\.triton", text)) == (2 if splits > 1 else 1)
     assert "splitk_decode_attention" in text
 
 
