@@ -21,6 +21,11 @@ arithmetic is float32.
 
 `prefill` and `decode_step` are pure; jit them with the arena and the caches donated
 (`jax.jit(model.prefill, donate_argnums=(1, 2))`), so every step runs in the same device buffers.
+
+The blocks are those of `jaxarena.models.arena_lm.ArenaLM`, the one implementation the
+HuggingFace checkpoints (`load_pretrained`) run on as well: `HybridModel` only chooses its
+architecture (`hybrid_arch`: relu^2 MLPs on FP8 activations, RoPE attention) and its random
+weights (`init_params`).
 """
 
 from __future__ import annotations
@@ -34,14 +39,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxarena import ArenaPlan, BufferSizes, Levers, ModelConfig, ServeLimits, Target, workspaces
-from pallas_kernels import (
-    fp8_block_quant_into,
-    splitk_decode_attention_into,
-    ssd_chunked_scan_into,
-)
+from jaxarena import ArenaPlan, BufferSizes, Levers, ModelConfig, ServeLimits, Target
+from jaxarena.models.arena_lm import FFN_QUANT_REGIONS, Arch, ArenaLM
 
-__all__ = ["HybridModel", "init_params", "init_caches", "ATTENTION", "MAMBA", "MLP"]
+__all__ = [
+    "HybridModel",
+    "hybrid_arch",
+    "init_params",
+    "init_caches",
+    "ATTENTION",
+    "MAMBA",
+    "MLP",
+    "FFN_QUANT_REGIONS",
+]
 
 ATTENTION = frozenset({"full_attention", "sliding_attention", "attention"})
 MAMBA = frozenset({"mamba"})
@@ -51,9 +61,6 @@ F32 = jnp.float32
 CONV_KERNEL = 4
 RMS_EPS = 1e-5
 ROPE_THETA = 10000.0
-# The FFN down projection quantizes into the dense-FFN activation buffers (when its K, the
-# intermediate size, is a multiple of 128; see `workspaces.ffn_fp8_uses_seed_regions`).
-FFN_QUANT_REGIONS = ("ffn_act_a", "ffn_act_scale", "ffn_act_scale_kmajor")
 
 
 def _kind(layer_type: str) -> str:
@@ -127,42 +134,38 @@ def init_caches(
     return {"kv": kv, "ssm": ssm}
 
 
-def _rms(x: jax.Array, w: jax.Array) -> jax.Array:
-    return x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + RMS_EPS) * w
+def hybrid_arch(config: ModelConfig) -> Arch:
+    """The reference hybrid's architecture for `config`: one block per layer type (mamba,
+    attention with RoPE, relu^2 MLP whose projections multiply FP8-quantized activations),
+    RMSNorm eps 1e-5, an untied LM head.
 
-
-def _rope(x: jax.Array, positions: jax.Array) -> jax.Array:
-    """Rotary embedding (rotate-half form) of `x [T, heads, D]` at `positions [T]`."""
-    d = x.shape[-1]
-    inv = ROPE_THETA ** (-jnp.arange(0, d // 2, dtype=F32) * 2 / d)
-    ang = positions.astype(F32)[:, None] * inv[None, :]
-    cos, sin = jnp.cos(ang)[:, None, :], jnp.sin(ang)[:, None, :]
-    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
-    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
+    Raises:
+      NotImplementedError: a layer type other than attention, mamba and mlp, or experts.
+    """
+    blocks = tuple(_kind(lt) for lt in config.layer_types)
+    if config.num_experts:
+        raise NotImplementedError("the reference hybrid model has no MoE layers")
+    return Arch(blocks=blocks, mlp="relu2", rope=True, rope_theta=ROPE_THETA, qk_norm=False,
+                rms_eps=RMS_EPS, tie_embeddings=False, fp8_mlp_acts=True)  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class HybridModel:
-    """The reference hybrid model bound to one arena plan.
+class HybridModel(ArenaLM):
+    """The reference hybrid model bound to one arena plan: an `ArenaLM` with `hybrid_arch`.
 
-    Attributes:
+    Attributes (those of `ArenaLM`):
       config: the model (attention / mamba / mlp layers).
+      arch: `hybrid_arch(config)`.
       plan: the arena layout, from `BufferSizes.from_config` at the serve limits (or packed).
       max_batch_tokens, max_seq_len, kv_block_size, max_batch_size: the serve limits the plan
         was sized for.
       target, levers: what sized the split-K workspace; the decode kernel uses the same policy.
       interpret: Pallas interpret mode (None: on CPU).
-    """
 
-    config: ModelConfig
-    plan: ArenaPlan
-    max_batch_tokens: int
-    max_seq_len: int
-    kv_block_size: int
-    max_batch_size: int
-    target: Target
-    levers: Levers
-    interpret: bool | None = None
+    `prefill(params, arena, caches, tokens, cu_seqlens, block_tables)` and
+    `decode_step(params, arena, caches, tokens, positions, block_tables, seq_lens)` take
+    `init_params(config)` and `init_caches(config, ...)`; see `ArenaLM`.
+    """
 
     @classmethod
     def create(
@@ -185,10 +188,7 @@ class HybridModel:
         the machine or the environment; pass `plan=` to run on a plan of your own (e.g. a
         packed one built from the same sizes).
         """
-        for lt in config.layer_types:
-            _kind(lt)
-        if config.num_experts:
-            raise NotImplementedError("the reference hybrid model has no MoE layers")
+        arch = hybrid_arch(config)
         target = target or Target.preset("gb10")
         levers = levers or Levers()
         if plan is None:
@@ -196,273 +196,10 @@ class HybridModel:
                                  kv_block_size=kv_block_size, max_batch_size=max_batch_size)
             sizes = BufferSizes.from_config(config, limits, levers=levers, target=target)
             plan = ArenaPlan.sequential(sizes, guard_bytes=guard_bytes)
-        return cls(config=config, plan=plan, max_batch_tokens=max_batch_tokens,
+        return cls(config=config, arch=arch, plan=plan, max_batch_tokens=max_batch_tokens,
                    max_seq_len=max_seq_len, kv_block_size=kv_block_size,
                    max_batch_size=max_batch_size, target=target, levers=levers,
                    interpret=interpret)  # fmt: skip
-
-    # -- blocks --------------------------------------------------------------------------------
-    #
-    # Arena discipline (what keeps every write in place): XLA orders in-place updates by data
-    # dependencies only, so a value viewed from the arena must be consumed by what produces
-    # the NEXT arena write; a view of an older arena version consumed later would make XLA
-    # copy the whole arena. So each block re-reads what it needs (`_get`) from the newest
-    # arena right where it uses it, and results that leave the arena (the caches) are tied to
-    # it with `lax.optimization_barrier` before the next write.
-
-    def _put(self, arena, name: str, value: jax.Array) -> jax.Array:
-        """Stores `value` in region `name` as bf16 (the seed sizes activations for bf16)."""
-        return self.plan.write(arena, name, value.astype(BF16))
-
-    def _get(self, arena, name: str, shape: tuple[int, ...]) -> jax.Array:
-        """Reads bf16 `shape` from the start of region `name`, as float32."""
-        return self.plan.view(arena, name, shape, BF16).astype(F32)
-
-    def _fp8_matmul(self, arena, src: str, shape, w: jax.Array, regions) -> tuple[Any, jax.Array]:
-        """`x @ w` for `x` = region `src`, quantized to FP8 1x128 blocks into `regions`."""
-        t, k = shape
-        x = self.plan.view(arena, src, shape, BF16)
-        arena = fp8_block_quant_into(arena, self.plan, x, regions=regions,
-                                     interpret=self.interpret)  # fmt: skip
-        rows, nb = workspaces.fp8_rows(t), workspaces.fp8_scale_cols(k)
-        q = self.plan.view(arena, regions[0], (rows, k), jnp.float8_e4m3fn)[:t]
-        s = self.plan.view(arena, regions[1], (rows, nb), F32)[:t]
-        block = workspaces.FP8_BLOCK
-        return arena, (q.astype(F32) * jnp.repeat(s, block, axis=1)[:, :k]) @ w
-
-    def _mlp(self, arena, p, t: int):
-        """norm_output -> FP8 up -> relu^2 -> FP8 down -> `moe_output`."""
-        c = self.config
-        arena, up = self._fp8_matmul(arena, "norm_output", (t, c.hidden_size), p["w_up"],
-                                     workspaces.FP8_ACT_REGIONS)  # fmt: skip
-        arena = self._put(arena, "expert_up_out", jnp.square(jax.nn.relu(up)))
-        if workspaces.ffn_fp8_uses_seed_regions(c.intermediate_size):
-            arena, down = self._fp8_matmul(arena, "expert_up_out", (t, c.intermediate_size),
-                                           p["w_down"], FFN_QUANT_REGIONS)  # fmt: skip
-        else:
-            # The seed's floor(K / 128) k-major scales cannot hold this K's ceil(K / 128)
-            # columns: the down projection reads its bf16 input as stored.
-            down = self._get(arena, "expert_up_out", (t, c.intermediate_size)) @ p["w_down"]
-        arena = self._put(arena, "moe_output", down)
-        return arena, self._get(arena, "moe_output", (t, c.hidden_size))
-
-    def _zxbcdt(self, arena, t: int):
-        """The Mamba-2 in_proj output in `ssm_qkvz`, split into z, xBC and dt."""
-        c = self.config
-        zx = self._get(arena, "ssm_qkvz", (t, c.mamba2_in_proj_size))
-        d_in, d_xbc = c.mamba2_d_inner, c.mamba2_d_xbc
-        return zx[:, :d_in], zx[:, d_in : d_in + d_xbc], zx[:, d_in + d_xbc :]
-
-    def _mamba_out(self, arena, p, y, t: int):
-        """Gate y with silu(z), grouped RMSNorm, `attn_output`, out_proj."""
-        c = self.config
-        z, _, _ = self._zxbcdt(arena, t)
-        y = y.reshape(t, c.mamba2_d_inner) * jax.nn.silu(z)
-        g = c.n_groups
-        y = _rms(y.reshape(t, g, -1), p["gate_norm"].reshape(g, -1)).reshape(t, -1)
-        arena = self._put(arena, "attn_output", y)
-        return arena, self._get(arena, "attn_output", (t, c.mamba2_d_inner)) @ p["out_proj"]
-
-    def _split_xbc(self, xbc):
-        c = self.config
-        t = xbc.shape[0]
-        d_in, gn = c.mamba2_d_inner, c.n_groups * c.ssm_state_size
-        x = xbc[:, :d_in].reshape(t, c.mamba_num_heads, c.mamba_head_dim)
-        b = xbc[:, d_in : d_in + gn].reshape(t, c.n_groups, c.ssm_state_size)
-        cc = xbc[:, d_in + gn :].reshape(t, c.n_groups, c.ssm_state_size)
-        return x, b, cc
-
-    def _qkv(self, arena, p, t: int, positions):
-        """QKV projection into `qkv_output`; returns (arena, q, k, v) with RoPE applied."""
-        c = self.config
-        hq, hkv, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
-        n = self._get(arena, "norm_output", (t, c.hidden_size))
-        arena = self._put(arena, "qkv_output", n @ p["wqkv"])
-        qkv = self._get(arena, "qkv_output", (t, (hq + 2 * hkv) * hd))
-        q = _rope(qkv[:, : hq * hd].reshape(t, hq, hd), positions)
-        k = _rope(qkv[:, hq * hd : (hq + hkv) * hd].reshape(t, hkv, hd), positions)
-        v = qkv[:, (hq + hkv) * hd :].reshape(t, hkv, hd)
-        return arena, q, k, v
-
-    def _append_kv(self, cache, k, v, block_tables, seq_ids, positions):
-        bs = self.kv_block_size
-        slots = block_tables[seq_ids, positions // bs] * bs + positions % bs
-        nb, _, hkv, hd = cache["k"].shape
-        flat = lambda a: a.reshape(nb * bs, hkv, hd)  # noqa: E731
-        return {
-            "k": flat(cache["k"]).at[slots].set(k.astype(BF16)).reshape(cache["k"].shape),
-            "v": flat(cache["v"]).at[slots].set(v.astype(BF16)).reshape(cache["v"].shape),
-        }
-
-    def _block_start(self, arena, p, t: int):
-        """Copies the skip path to `residual` and writes the pre-norm to `norm_output`."""
-        h_shape = (t, self.config.hidden_size)
-        arena = self._put(arena, "residual", self._get(arena, "hidden_states", h_shape))
-        return self._put(arena, "norm_output", _rms(self._get(arena, "hidden_states", h_shape),
-                                                     p["norm"]))  # fmt: skip
-
-    def _block_end(self, arena, out, t: int):
-        resid = self._get(arena, "residual", (t, self.config.hidden_size))
-        return self._put(arena, "hidden_states", resid + out)
-
-    def _lm_head(self, arena, params, rows, t: int):
-        """Final norm and LM head of the hidden rows `rows` (indices) into `logits`."""
-        c = self.config
-        h = self._get(arena, "hidden_states", (t, c.hidden_size))[rows]
-        arena = self._put(arena, "logits", _rms(h, params["final_norm"]) @ params["lm_head"])
-        return arena, self._get(arena, "logits", (rows.shape[0], c.vocab_size))
-
-    # -- prefill -------------------------------------------------------------------------------
-
-    def prefill(self, params, arena, caches, tokens, cu_seqlens, block_tables):
-        """Runs the prompts of `S` sequences packed into one pass.
-
-        Args:
-          params: `init_params(config)`.
-          arena: the plan's arena (donated).
-          caches: `init_caches(...)` (donated); sequence `s` uses SSM cache row `s` and the KV
-            blocks of `block_tables[s]`.
-          tokens: `int32[T]`, the prompts back to back, `T <= max_batch_tokens`.
-          cu_seqlens: `int32[S + 1]`, sequence `s` is `tokens[cu_seqlens[s]:cu_seqlens[s+1]]`
-            (every sequence at least one token).
-          block_tables: `int32[S, max_blocks_per_seq]`.
-
-        Returns:
-          `(arena, caches, logits)`: the next-token logits `float32[S, vocab]` of each
-          sequence's last prompt token.
-        """
-        c = self.config
-        t = tokens.shape[0]
-        s = cu_seqlens.shape[0] - 1
-        if t > self.max_batch_tokens:
-            raise ValueError(f"{t} prompt tokens exceed max_batch_tokens={self.max_batch_tokens}")
-        idx = jnp.arange(t, dtype=jnp.int32)
-        seq = jnp.searchsorted(cu_seqlens[1:], idx, side="right").astype(jnp.int32)
-        positions = idx - cu_seqlens[seq]
-        arena = self._put(arena, "hidden_states", params["embed"][tokens])
-        kv, ssm = list(caches["kv"]), list(caches["ssm"])
-        ia = im = 0
-        for lt, p in zip(c.layer_types, params["layers"], strict=True):
-            kind = _kind(lt)
-            arena = self._block_start(arena, p, t)
-            if kind == "mlp":
-                arena, out = self._mlp(arena, p, t)
-            elif kind == "attention":
-                arena, q, k, v = self._qkv(arena, p, t, positions)
-                kv[ia] = self._append_kv(kv[ia], k, v, block_tables, seq, positions)
-                # Prefill attention reads what decode reads: bf16 queries and the bf16 cache.
-                q, k, v = (a.astype(BF16).astype(F32) for a in (q, k, v))
-                g = c.num_attention_heads // c.num_key_value_heads
-                kk, vv = jnp.repeat(k, g, axis=1), jnp.repeat(v, g, axis=1)
-                logits = jnp.einsum("thd,uhd->htu", q, kk) / math.sqrt(c.head_dim)
-                mask = (seq[:, None] == seq[None, :]) & (idx[None, :] <= idx[:, None])
-                probs = jax.nn.softmax(jnp.where(mask[None], logits, -jnp.inf), axis=-1)
-                o = jnp.einsum("htu,uhd->thd", probs, vv).reshape(t, -1)
-                kv[ia], arena = jax.lax.optimization_barrier((kv[ia], arena))
-                arena = self._put(arena, "attn_output", o)
-                out = self._get(arena, "attn_output", o.shape) @ p["wo"]
-                ia += 1
-            else:
-                n = self._get(arena, "norm_output", (t, c.hidden_size))
-                arena = self._put(arena, "ssm_qkvz", n @ p["in_proj"])
-                _, xbc_in, _ = self._zxbcdt(arena, t)
-                # Causal depthwise conv within each sequence: tap j reads token t - j.
-                conv = p["conv_b"] + xbc_in * p["conv_w"][CONV_KERNEL - 1]
-                for j in range(1, CONV_KERNEL):
-                    prev = jnp.roll(xbc_in, j, axis=0)
-                    same = (idx >= j) & (jnp.roll(seq, j) == seq)
-                    conv = (
-                        conv
-                        + jnp.where(same[:, None], prev, 0.0) * p["conv_w"][CONV_KERNEL - 1 - j]
-                    )
-                # The conv window decode starts from: the last 3 pre-conv inputs of each
-                # sequence (zeros before its start).
-                win = []
-                for j in range(CONV_KERNEL - 1, 0, -1):
-                    pos = cu_seqlens[1:] - j
-                    ok = pos >= cu_seqlens[:-1]
-                    win.append(jnp.where(ok[:, None], xbc_in[jnp.maximum(pos, 0)], 0.0))
-                conv_cache = ssm[im]["conv"].at[:s].set(jnp.stack(win, 1))
-                conv_cache, arena = jax.lax.optimization_barrier((conv_cache, arena))
-                arena = self._put(arena, "ssm_deinterleaved", jax.nn.silu(conv))
-                xbc = self._get(arena, "ssm_deinterleaved", (t, c.mamba2_d_xbc))
-                x, b, cc = self._split_xbc(xbc)
-                _, _, dt = self._zxbcdt(arena, t)
-                arena, y, final = ssd_chunked_scan_into(
-                    arena, self.plan, x.astype(BF16), dt, -jnp.exp(p["A_log"]), b, cc,
-                    D=p["D"], dt_bias=p["dt_bias"], dt_softplus=True, cu_seqlens=cu_seqlens,
-                    interpret=self.interpret,
-                )  # fmt: skip
-                ssm[im] = {"state": ssm[im]["state"].at[:s].set(final), "conv": conv_cache}
-                ssm[im], arena = jax.lax.optimization_barrier((ssm[im], arena))
-                im += 1
-                arena, out = self._mamba_out(arena, p, y.astype(F32), t)
-            arena = self._block_end(arena, out, t)
-        arena, logits = self._lm_head(arena, params, cu_seqlens[1:] - 1, t)
-        return arena, {"kv": kv, "ssm": ssm}, logits
-
-    # -- decode --------------------------------------------------------------------------------
-
-    def decode_step(self, params, arena, caches, tokens, positions, block_tables, seq_lens):
-        """One decode step for `B` sequences (one new token each).
-
-        Args:
-          tokens: `int32[B]`, the newest token of each sequence.
-          positions: `int32[B]`, its position (the sequence length before this token).
-          block_tables: `int32[B, max_blocks_per_seq]`.
-          seq_lens: `int32[B]`, lengths after this token (`positions + 1`).
-
-        Returns:
-          `(arena, caches, logits float32[B, vocab], next_tokens int32[B])` (greedy).
-        """
-        c = self.config
-        bsz = tokens.shape[0]
-        seq = jnp.arange(bsz, dtype=jnp.int32)
-        arena = self._put(arena, "hidden_states", params["embed"][tokens])
-        kv, ssm = list(caches["kv"]), list(caches["ssm"])
-        ia = im = 0
-        for lt, p in zip(c.layer_types, params["layers"], strict=True):
-            kind = _kind(lt)
-            arena = self._block_start(arena, p, bsz)
-            if kind == "mlp":
-                arena, out = self._mlp(arena, p, bsz)
-            elif kind == "attention":
-                arena, q, k, v = self._qkv(arena, p, bsz, positions)
-                kv[ia] = self._append_kv(kv[ia], k, v, block_tables, seq, positions)
-                arena = splitk_decode_attention_into(
-                    arena, self.plan, q.astype(BF16), kv[ia]["k"], kv[ia]["v"], block_tables,
-                    seq_lens, levers=self.levers, target=self.target, interpret=self.interpret,
-                )  # fmt: skip
-                hq_d = c.num_attention_heads * c.head_dim
-                out = self._get(arena, "attn_output", (bsz, hq_d)) @ p["wo"]
-                ia += 1
-            else:
-                n = self._get(arena, "norm_output", (bsz, c.hidden_size))
-                arena = self._put(arena, "ssm_qkvz", n @ p["in_proj"])
-                _, xbc_in, _ = self._zxbcdt(arena, bsz)
-                window = jnp.concatenate([ssm[im]["conv"][:bsz], xbc_in[:, None, :]], axis=1)
-                conv = p["conv_b"] + jnp.einsum("bkd,kd->bd", window, p["conv_w"])
-                conv_cache = ssm[im]["conv"].at[:bsz].set(window[:, 1:])
-                conv_cache, arena = jax.lax.optimization_barrier((conv_cache, arena))
-                arena = self._put(arena, "ssm_deinterleaved", jax.nn.silu(conv))
-                x, b, cc = self._split_xbc(self._get(arena, "ssm_deinterleaved",
-                                                     (bsz, c.mamba2_d_xbc)))  # fmt: skip
-                _, _, dt = self._zxbcdt(arena, bsz)
-                rep = c.mamba_num_heads // c.n_groups
-                b, cc = jnp.repeat(b, rep, axis=1), jnp.repeat(cc, rep, axis=1)
-                dtp = jax.nn.softplus(dt + p["dt_bias"])  # [B, H]
-                decay = jnp.exp(dtp * -jnp.exp(p["A_log"]))
-                state = ssm[im]["state"][:bsz] * decay[:, :, None, None] + (
-                    dtp[:, :, None, None] * x[:, :, :, None] * b[:, :, None, :]
-                )
-                y = jnp.einsum("bhpn,bhn->bhp", state, cc) + p["D"][None, :, None] * x
-                ssm[im] = {"state": ssm[im]["state"].at[:bsz].set(state), "conv": conv_cache}
-                ssm[im], arena = jax.lax.optimization_barrier((ssm[im], arena))
-                im += 1
-                arena, out = self._mamba_out(arena, p, y.astype(BF16).astype(F32), bsz)
-            arena = self._block_end(arena, out, bsz)
-        arena, logits = self._lm_head(arena, params, seq, bsz)
-        return arena, {"kv": kv, "ssm": ssm}, logits, jnp.argmax(logits, -1).astype(jnp.int32)
 
 
 @functools.cache

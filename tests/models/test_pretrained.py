@@ -248,3 +248,16 @@ def test_fp8_logits_within_the_e4m3_bound(runs):
     np.testing.assert_allclose(r["logits"], r["forced"], atol=2 * bound, rtol=0)
     assert lm.decode_counter.count == 1
     assert lm.model.plan.check_guards(lm.arena) == []
+
+
+def test_one_model_implementation():
+    """The random-weight reference hybrid runs the same blocks as the checkpoints: it only
+    chooses an architecture (no prefill / decode of its own)."""
+    from jaxarena.models.arena_lm import ArenaLM
+    from jaxarena.models.hybrid import HybridModel
+    from jaxarena.models.pretrained import CausalLM
+
+    assert issubclass(HybridModel, ArenaLM)
+    for name in ("prefill", "decode_step", "_mlp", "_qkv", "_linear"):
+        assert name not in HybridModel.__dict__, name
+    assert CausalLM.__dataclass_fields__["model"].type in ("ArenaLM", ArenaLM)
