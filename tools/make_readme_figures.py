@@ -31,7 +31,8 @@ def main() -> int:
                  levers.ENV_FP8_ROWWISE, levers.ENV_ATTN_DECODE_SPLITK):  # fmt: skip
         os.environ.pop(name, None)
     OUT.parent.mkdir(exist_ok=True)
-    argv = ["plan", PRESET, "--packed", "--target", "hopper", "--plot", str(OUT)]
+    os.chdir(ROOT)
+    argv = ["plan", PRESET, "--packed", "--target", "hopper", "--plot", str(OUT.relative_to(ROOT))]
     err = io.StringIO()
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
         code = cli(argv)
