@@ -1,0 +1,72 @@
+"""Prefill and decode throughput of a HuggingFace checkpoint on the arena, and the arena's
+share of the device memory the model uses.
+
+    python benchmarks/bench_generate.py                       # the largest fixture (qwen3_fp8)
+    python benchmarks/bench_generate.py --checkpoint DIR --new-tokens 32 --repeats 5
+
+Loads the checkpoint with `load_pretrained` (serve limits: 64 batch tokens, 4 sequences,
+max_seq_len 64), runs `generate` on the fixture's four reference prompts (1, 5, 11 and 16
+tokens, packed into one prefill) `--repeats` times after one warm-up call that compiles, and
+prints the medians: prefill tokens/s (prompt tokens over the prefill's run time) and decode
+tokens/s (new tokens of the 4 sequences over the decode loop's run time), the compile
+seconds, and the bytes of the weights, the arena and the KV / SSM caches. On CPU the Pallas
+kernels run in interpret mode, so the figures measure the interpreter, not a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from jaxarena._units import format_bytes
+from jaxarena.models import load_pretrained
+
+FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "checkpoints"
+LARGEST = "qwen3_fp8"  # by file bytes (see tests/fixtures/checkpoints/README.md)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--checkpoint", type=Path, default=FIXTURES / LARGEST)
+    ap.add_argument("--new-tokens", type=int, default=16)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args(argv)
+
+    ref = np.load(FIXTURES / LARGEST / "reference.npz")
+    prompts = [ref["prompt_ids"][i, :n].tolist() for i, n in enumerate(ref["prompt_lengths"])]
+    lm = load_pretrained(args.checkpoint, max_batch_tokens=64, max_seq_len=64, kv_block_size=16,
+                         max_batch_size=len(prompts))  # fmt: skip
+    lm.generate(prompts, args.new_tokens)  # compiles prefill and the decode step
+    stats = []
+    for _ in range(args.repeats):
+        lm.generate(prompts, args.new_tokens)
+        stats.append(lm.last_stats)
+    prefill = statistics.median(s["prefill_tokens"] / s["prefill_seconds"] for s in stats)
+    decode = statistics.median(s["decode_tokens"] / s["decode_seconds"] for s in stats)
+    used = lm.weight_bytes + lm.arena_bytes + lm.cache_bytes
+    dev = jax.devices()[0]
+    limit = (dev.memory_stats() or {}).get("bytes_limit")
+
+    print(f"{lm.model_type} ({'fp8' if lm.fp8 else 'bf16'}) from {lm.path} on {dev.platform}")
+    print(f"prompts {[len(p) for p in prompts]}, {args.new_tokens} new tokens each, "
+          f"median of {args.repeats}")  # fmt: skip
+    print(f"prefill: {prefill:10.1f} tokens/s")
+    print(f"decode:  {decode:10.1f} tokens/s (batch {len(prompts)})")
+    print("compile: " + ", ".join(f"{k} {v:.2f} s" for k, v in lm.compile_seconds.items()))
+    print(f"weights {format_bytes(lm.weight_bytes)}, arena {format_bytes(lm.arena_bytes)}, "
+          f"caches {format_bytes(lm.cache_bytes)}: the arena is "
+          f"{100 * lm.arena_bytes / used:.1f}% of the {format_bytes(used)} the model holds on "
+          "the device")  # fmt: skip
+    if limit:
+        print(f"device memory {format_bytes(limit)}: the arena is "
+              f"{100 * lm.arena_bytes / limit:.4f}% of it")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
