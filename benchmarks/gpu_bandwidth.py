@@ -55,7 +55,7 @@ def real_footprint(jitted, *args) -> str:
             hlo_text=compiled.as_text(), compile_seconds=0.0, dump_dir=None,
         )  # fmt: skip
         try:
-            gpu_aot._analyze_dump(result, where)  # launches (and registers where ptxas exists)
+            gpu_aot.analyze_dump(result, where)  # launches (and registers where ptxas exists)
         except Exception as e:  # noqa: BLE001 - the dump analysis is a bonus, not the point
             print(f"    (dump analysis failed: {type(e).__name__}: {e})")
         return (f"temp {result.temp_bytes:,} B, alias {result.alias_bytes:,} B, "

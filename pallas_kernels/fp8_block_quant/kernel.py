@@ -20,8 +20,14 @@ __all__ = [
     "fp8_block_quant_kernel",
     "quantize_bits",
     "reciprocal",
+    "row_tile",
+    "MAX_TILE_ELEMENTS",
 ]
 
+# Triton tiles must be powers of two; the widest tile we compile is this many elements, which
+# bounds the block width (a tile of one row) and sets the row tile (8192 / width, at most 64).
+MAX_TILE_ELEMENTS = 8192
+_MAX_ROW_TILE = 64
 # e4m3fn's largest finite value; the scale maps a block's max |x| onto it.
 FP8_E4M3_MAX = 448.0
 # Floor on max |x| so an all-zero block gets a finite, non-zero scale.
@@ -123,3 +129,18 @@ def fp8_block_quant_kernel(*refs, scale_format: str, ptx: bool, fused: bool) -> 
     scale = block_scale(amax, scale_format=scale_format, ptx=ptx)
     q_ref[...] = quantize_bits(x, reciprocal(scale, ptx=ptx))
     scale_ref[...] = scale
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def row_tile(m: int, block_width: int) -> int:
+    """Rows per grid step: a power of two; one that divides `m` when possible (no padding)."""
+    cap = min(_MAX_ROW_TILE, MAX_TILE_ELEMENTS // block_width)
+    tile = cap
+    while tile >= 16:
+        if m % tile == 0:
+            return tile
+        tile //= 2
+    return min(cap, _next_pow2(m))

@@ -36,12 +36,11 @@ from jax.experimental.pallas import triton as plgpu
 from jaxarena import workspaces
 from jaxarena.workspaces import FP8_ACT_REGIONS
 from pallas_kernels._args import check_rank, is_int, resolve_interpret
+from pallas_kernels.fp8_block_quant.inplace import ROW_BYTES, WORD, quantize_inplace
 from pallas_kernels.fp8_block_quant.kernel import (
-    activation,
-    block_scale,
+    MAX_TILE_ELEMENTS,
     fp8_block_quant_kernel,
-    quantize_bits,
-    reciprocal,
+    row_tile,
 )
 
 __all__ = [
@@ -65,16 +64,7 @@ FFN_ACT_REGIONS: tuple[str, str, str] = ("ffn_act_a", "ffn_act_scale", "ffn_act_
 """The seed's dense-FFN FP8 activation regions (the down projection's input)."""
 
 _SUPPORTED_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-# Triton tiles must be powers of two; the widest tile we compile is this many elements, which
-# bounds the block width (a tile of one row) and sets the row tile (8192 / width, at most 64).
-_MAX_TILE_ELEMENTS = 8192
-_MAX_ROW_TILE = 64
-# The arena as 32-bit words: `uint8[rows, 256]` is passed as `uint32[rows, 64]`.
-_ROW_BYTES = 256
-_WORD = 4
-_WORDS_PER_ROW = _ROW_BYTES // _WORD
 _I32_LIMIT = 2**31
-_PACK_TILE = 128  # most tokens per grid step of the UE8M0 packing pass
 
 
 def _align4(m: int) -> int:
@@ -138,22 +128,11 @@ def _validate(
             f"scale_layout='packed_ue8m0' stores exponents only and needs "
             f"scale_format='ue8m0', got {scale_format=!r}"
         )
-    if pl.next_power_of_2(int(block_size)) > _MAX_TILE_ELEMENTS:
+    if pl.next_power_of_2(int(block_size)) > MAX_TILE_ELEMENTS:
         raise NotImplementedError(
-            f"{block_size=} is wider than the largest tile ({_MAX_TILE_ELEMENTS} columns)"
+            f"{block_size=} is wider than the largest tile ({MAX_TILE_ELEMENTS} columns)"
         )
     return m, k
-
-
-def _row_tile(m: int, block_width: int) -> int:
-    """Rows per grid step: a power of two; one that divides `m` when possible (no padding)."""
-    cap = min(_MAX_ROW_TILE, _MAX_TILE_ELEMENTS // block_width)
-    tile = cap
-    while tile >= 16:
-        if m % tile == 0:
-            return tile
-        tile //= 2
-    return min(cap, pl.next_power_of_2(m))
 
 
 # -- standalone ------------------------------------------------------------------------------
@@ -174,7 +153,7 @@ def _quantize(
     num_blocks = pl.cdiv(k, block_size)
     # Triton tiles are powers of two: a block of 48 columns travels as 64 with 16 zero columns.
     width = pl.next_power_of_2(block_size)
-    tile = _row_tile(num_rows, width)
+    tile = row_tile(num_rows, width)
     rows_padded = pl.cdiv(num_rows, tile) * tile
 
     def pad(a):
@@ -351,208 +330,6 @@ def fp8_silu_mul_quant(
 # -- in the arena ----------------------------------------------------------------------------
 
 
-def _word_position(region_row0: int, byte_offset: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """(arena row, word in row) of the word at `byte_offset` (int32, word aligned) in a region
-    starting at arena row `region_row0`."""
-    return region_row0 + byte_offset // _ROW_BYTES, (byte_offset % _ROW_BYTES) // _WORD
-
-
-def _inplace_kernel(*refs, fused: bool, m: int, k: int, rows: int, num_blocks: int,
-                    block_size: int, tile: int, width: int, q_row0: int, s_row0: int,
-                    t_row0: int | None, arena_rows: int, scale_format: str, ptx: bool,
-                    row_aligned: bool) -> None:  # fmt: skip
-    """One `[tile, block]` tile of x (or of `silu(gate) * up`) -> its q words and scales,
-    stored into the arena (`t_row0=None`: no k-major f32 scales).
-
-    Refs: `x_ref` (`gate_ref`, `up_ref` when fused), the arena words `uint32[rows, 64]` as
-    input (aliased, never read) and as output.
-    """
-    if fused:
-        x_ref, up_ref, _, arena_ref = refs
-    else:
-        (x_ref, _, arena_ref), up_ref = refs, None
-    i, j = pl.program_id(0), pl.program_id(1)
-    nw = width // _WORD
-    r = i * tile + jax.lax.broadcasted_iota(jnp.int32, (tile, nw), 0)  # token row
-    w = jax.lax.broadcasted_iota(jnp.int32, (tile, nw), 1)  # word in the block
-    col = j * block_size + _WORD * w  # first column (byte of q) of each word
-    # With whole blocks (K % block == 0, block a power of two) no column is masked or clamped:
-    # masks and indices then vary only along rows, which lets Triton vectorize along columns.
-    full_blocks = k % block_size == 0 and width == block_size
-    col_ok = True if full_blocks else (_WORD * w < block_size) & (col < k)
-
-    def clamp_col(c):
-        return c if full_blocks else jnp.minimum(c, k - 1)
-
-    # x is read whole (memory_space=pl.ANY) with masked loads: rows past M and columns past K
-    # read as zeros, so no padded copy exists. Indices are clamped: masked lanes never touch
-    # memory on the GPU, and the interpreter's gathers stay in bounds. One contiguous
-    # [tile, width] load (vector loads); after the cast the four bytes of each word are
-    # regrouped with a reshape + split (Triton: reshape/trans/split).
-    rr = i * tile + jax.lax.broadcasted_iota(jnp.int32, (tile, width), 0)
-    cc = jax.lax.broadcasted_iota(jnp.int32, (tile, width), 1)
-    ccol = j * block_size + cc
-    ok = (rr < m) if full_blocks else (rr < m) & (cc < block_size) & (ccol < k)
-    at = (jnp.minimum(rr, m - 1), clamp_col(ccol))
-    gate = plgpu.load(x_ref.at[at], mask=ok, other=0)
-    up = None if up_ref is None else plgpu.load(up_ref.at[at], mask=ok, other=0)
-    xt = activation(gate, up)
-    amax = jnp.max(jnp.abs(xt), axis=1)
-    scale = block_scale(amax, scale_format=scale_format, ptx=ptx)  # [tile]
-    inv = reciprocal(scale, ptx=ptx)[:, None]
-
-    q3 = quantize_bits(xt, inv).astype(jnp.uint32).reshape(tile, nw, _WORD)
-    word = jnp.zeros((tile, nw), jnp.uint32)
-    for b, part in enumerate(jnp.split(q3, _WORD, axis=2)):  # little endian: byte b = bits 8b..
-        word = word | (part.reshape(tile, nw) << jnp.uint32(8 * b))
-
-    store_ok = (r < rows) & col_ok
-    last_row = arena_rows - 1
-    if row_aligned:
-        # K is whole arena rows and a block never straddles one: the word index is the iota
-        # plus a product with a constant, so Triton sees contiguous, 16-byte aligned words
-        # and vectorizes the stores (with `// 256` and `% 256` it cannot).
-        per_row = _ROW_BYTES // block_size
-        arow = q_row0 + jnp.minimum(r, rows - 1) * (k // _ROW_BYTES) + j // per_row
-        acol = (j % per_row) * (block_size // _WORD) + w
-    else:
-        arow, acol = _word_position(q_row0, jnp.minimum(r, rows - 1) * k + col)
-    plgpu.store(arena_ref.at[jnp.minimum(arow, last_row), acol], word, mask=store_ok)
-
-    # Scales: one word per row of the tile, row-major [rows, nb] and k-major [nb, rows].
-    tr = i * tile + jax.lax.broadcasted_iota(jnp.int32, (tile,), 0)
-    s_ok = tr < rows
-    tr_c = jnp.minimum(tr, rows - 1)
-    s_bits = jax.lax.bitcast_convert_type(scale, jnp.uint32)
-    srow, scol = _word_position(s_row0, (tr_c * num_blocks + j) * _WORD)
-    plgpu.store(arena_ref.at[jnp.minimum(srow, last_row), scol], s_bits, mask=s_ok)
-    if t_row0 is not None:
-        trow, tcol = _word_position(t_row0, (j * rows + tr_c) * _WORD)
-        plgpu.store(arena_ref.at[jnp.minimum(trow, last_row), tcol], s_bits, mask=s_ok)
-
-
-def _pack_tile(rows: int) -> int:
-    """Tokens per packing step: a power of two dividing `rows` (a multiple of 16), so no lane
-    is masked (the interpreter's masked scatter would write a clamped duplicate index back)."""
-    tile = _PACK_TILE
-    while rows % tile:
-        tile //= 2
-    return tile
-
-
-def _pack_kernel(_, arena_ref, *, rows: int, num_blocks: int, s_row0: int, t_row0: int,
-                 arena_rows: int) -> None:  # fmt: skip
-    """Packs the row-major ue8m0 scales (already in the arena) into `int32[nb4, rows]` words:
-    one word (4 groups) for `_pack_tile(rows)` tokens per grid step."""
-    i, g = pl.program_id(0), pl.program_id(1)
-    tile = _pack_tile(rows)
-    tr = i * tile + jax.lax.broadcasted_iota(jnp.int32, (tile,), 0)
-    ok = tr < rows
-    tr_c = jnp.minimum(tr, rows - 1)
-    last_row = arena_rows - 1
-    word = jnp.zeros((tile,), jnp.uint32)
-    for b in range(_WORD):
-        group = 4 * g + b
-        srow, scol = _word_position(s_row0, (tr_c * num_blocks + jnp.minimum(group, num_blocks - 1))
-                                    * _WORD)  # fmt: skip
-        bits = plgpu.load(arena_ref.at[jnp.minimum(srow, last_row), scol], mask=ok, other=0)
-        exp = jnp.where(group < num_blocks, bits >> jnp.uint32(23), jnp.uint32(0))
-        word = word | (exp << jnp.uint32(8 * b))
-    trow, tcol = _word_position(t_row0, (g * rows + tr_c) * _WORD)
-    plgpu.store(arena_ref.at[jnp.minimum(trow, last_row), tcol], word, mask=ok)
-
-
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "offsets", "rows", "block_size", "scale_format", "packed", "interpret", "debug",
-    ),
-)  # fmt: skip
-def _quantize_inplace(
-    arena: jax.Array,
-    x: jax.Array,
-    up: jax.Array | None = None,
-    *,
-    offsets: tuple[int, int, int],
-    rows: int,
-    block_size: int,
-    scale_format: str,
-    packed: bool = False,
-    interpret: bool,
-    debug: bool = False,
-) -> jax.Array:
-    """The arena with the three regions written; `debug=True` prints the kernel's jaxpr and
-    Triton IR when lowering for a GPU (Pallas' `debug`), which the tests read."""
-    m, k = x.shape
-    num_blocks = pl.cdiv(k, block_size)
-    width = pl.next_power_of_2(block_size)
-    tile = _row_tile(rows, width)
-    # rows = ceil16(M): the tile divides it, so no row lane is masked (the interpreter's masked
-    # scatter would write a clamped duplicate index back with its old value).
-    assert rows % tile == 0, (rows, tile)
-    arena_rows = arena.shape[0]
-    # A reinterpretation of the whole arena: XLA compiles it (and its inverse) to a bitcast.
-    words = jax.lax.bitcast_convert_type(
-        arena.reshape(arena_rows, _WORDS_PER_ROW, _WORD), jnp.uint32
-    )
-    q_off, s_off, t_off = (o // _ROW_BYTES for o in offsets)
-    kernel = functools.partial(
-        _inplace_kernel,
-        fused=up is not None,
-        m=m,
-        k=k,
-        rows=rows,
-        num_blocks=num_blocks,
-        block_size=block_size,
-        tile=tile,
-        width=width,
-        q_row0=q_off,
-        s_row0=s_off,
-        t_row0=None if packed else t_off,
-        arena_rows=arena_rows,
-        scale_format=scale_format,
-        ptx=not interpret,
-        row_aligned=k % _ROW_BYTES == 0 and width == block_size and _ROW_BYTES % width == 0,
-    )
-    inputs = [x] if up is None else [x, up]
-    any_spec = pl.BlockSpec(memory_space=pl.ANY)
-    params = plgpu.CompilerParams(num_warps=4, num_stages=1)
-    words = pl.pallas_call(
-        kernel,
-        grid=(pl.cdiv(rows, tile), num_blocks),
-        in_specs=[any_spec] * (len(inputs) + 1),
-        out_specs=any_spec,
-        out_shape=jax.ShapeDtypeStruct(words.shape, jnp.uint32),
-        input_output_aliases={len(inputs): 0},
-        interpret=interpret,
-        compiler_params=params,
-        name="fp8_silu_mul_quant_inplace" if up is not None else "fp8_block_quant_inplace",
-        debug=debug,
-    )(*inputs, words)
-    if packed:
-        pack = functools.partial(
-            _pack_kernel,
-            rows=rows,
-            num_blocks=num_blocks,
-            s_row0=s_off,
-            t_row0=t_off,
-            arena_rows=arena_rows,
-        )
-        words = pl.pallas_call(
-            pack,
-            grid=(rows // _pack_tile(rows), pl.cdiv(num_blocks, 4)),
-            in_specs=[any_spec],
-            out_specs=any_spec,
-            out_shape=jax.ShapeDtypeStruct(words.shape, jnp.uint32),
-            input_output_aliases={0: 0},
-            interpret=interpret,
-            compiler_params=params,
-            name="fp8_pack_ue8m0_inplace",
-            debug=debug,
-        )(words)
-    return jax.lax.bitcast_convert_type(words, jnp.uint8).reshape(arena.shape)
-
-
 def _into(arena, plan, x, up, *, block_size, scale_format, scale_layout, regions, interpret,
           what):  # fmt: skip
     m, k = _validate(
@@ -592,27 +369,27 @@ def _into(arena, plan, x, up, *, block_size, scale_format, scale_layout, regions
     if rows == 0 or k == 0:
         return arena
     interpret = resolve_interpret(interpret)
-    if k % _WORD:
+    if k % WORD:
         raise NotImplementedError(
             f"{what} needs K % 4 == 0 (rows of q start on 4-byte words of the arena), got "
             f"K={k}; quantize with the standalone form and plan.write the results"
         )
     offsets = tuple(int(plan.regions[name].offset_bytes) for name in regions)
-    bad = [n for n, o in zip(regions, offsets, strict=True) if o % _ROW_BYTES]
+    bad = [n for n, o in zip(regions, offsets, strict=True) if o % ROW_BYTES]
     if bad:
         raise ValueError(
-            f"{what}: regions {bad} do not start on a {_ROW_BYTES}-byte arena row; build the "
-            f"plan with align_bytes >= {_ROW_BYTES}"
+            f"{what}: regions {bad} do not start on a {ROW_BYTES}-byte arena row; build the "
+            f"plan with align_bytes >= {ROW_BYTES}"
         )
     width = pl.next_power_of_2(block_size)
-    tile = _row_tile(rows, width)
+    tile = row_tile(rows, width)
     span = pl.cdiv(rows, tile) * tile * k  # the q offsets the grid computes (masked past R)
     if span >= _I32_LIMIT:
         raise NotImplementedError(
             f"{what}: the q region spans {span} bytes for shape {(m, k)}; in-region offsets "
             "are int32 (below 2^31): quantize in row chunks"
         )
-    return _quantize_inplace(
+    return quantize_inplace(
         arena,
         x,
         up,

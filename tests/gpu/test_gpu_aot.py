@@ -26,7 +26,7 @@ from pallas_kernels import (
     splitk_decode_attention_into,
 )
 from pallas_kernels.fp8_block_quant import fp8_silu_mul_quant, fp8_silu_mul_quant_into
-from pallas_kernels.fp8_block_quant.ops import _quantize_inplace
+from pallas_kernels.fp8_block_quant.inplace import quantize_inplace
 
 S = jax.ShapeDtypeStruct
 BF16, F32, I32, U8 = jnp.bfloat16, jnp.float32, jnp.int32, jnp.uint8
@@ -123,7 +123,7 @@ def test_while_trip_count_reaches_the_launch_count(target):
         return jax.lax.fori_loop(0, 5, lambda i, v: jnp.sin(v) * v + i, x)
 
     r = compile_for_gpu(f, S((1024,), F32), target=target, dump_dir=True)
-    loops = [t for t in gpu_aot._walk(r.thunks) if t.kind == "kWhile"]
+    loops = [t for t in gpu_aot.walk(r.thunks) if t.kind == "kWhile"]
     assert [t.trip_count for t in loops] == [5]
     body = gpu_aot.count_launches(loops[0].sections["body"], per_call=False)
     cond = gpu_aot.count_launches(loops[0].sections.get("condition", []), per_call=False)
@@ -315,7 +315,7 @@ def test_inplace_fp8_offsets_past_2gib(filler_gib, capfd):
                     ("fp8_act", "fp8_act_scale", "fp8_act_scale_kmajor"))  # fmt: skip
     assert min(offsets) >= 2**31
     arena, x = gpu_aot.on_gpu((S(plan.arena_shape, U8), S((m, k), BF16)))
-    fn = jax.jit(functools.partial(_quantize_inplace, offsets=offsets, rows=m, block_size=128,
+    fn = jax.jit(functools.partial(quantize_inplace, offsets=offsets, rows=m, block_size=128,
                                    scale_format="f32", interpret=False, debug=True))  # fmt: skip
     with gpu_aot.abstract_gpu("h200"):
         fn.trace(arena, x).lower()
