@@ -6,7 +6,9 @@ every kernel runs in interpret mode on a CPU backend and compiled on a GPU.
 
 The arena regions each arena form uses and their geometry are in `jaxarena.workspaces`; the
 kernel folders export further helpers (e.g. `splitk_decode_attention.splitk_num_splits`,
-`ssd_chunked_scan.ssd_sequential_reference`).
+`ssd_chunked_scan.ssd_sequential_reference`,
+`ssd_state_update.ssd_state_update_reference`). `ssd_state_update` (the Mamba-2 decode step)
+needs no workspace: its in-place operand is the caller's state cache.
 """
 
 from pallas_kernels.fp8_block_quant import (
@@ -24,6 +26,7 @@ from pallas_kernels.ssd_chunked_scan import (
     ssd_chunked_scan,
     ssd_chunked_scan_into,
 )
+from pallas_kernels.ssd_state_update import ssd_state_update
 
 __all__ = [
     "fp8_block_quant",
@@ -35,4 +38,5 @@ __all__ = [
     "ssd_chunked_reference",
     "ssd_chunked_scan",
     "ssd_chunked_scan_into",
+    "ssd_state_update",
 ]

@@ -1,0 +1,272 @@
+"""Public wrapper: the Mamba-2 decode step (one token per sequence) as an in-place kernel.
+
+The state cache goes into one `pallas_call` aliased to its output (`input_output_aliases`), so
+under a `jit` that donates the cache, or with the cache donated to this call, the update is
+in place: only the `[H, P, N]` slots the call names are read and written. The semantics follow
+vLLM's `selective_state_update` (Mamba-2 layout: one `dt` and `A` per head, `B, C` per group,
+the slot of row `b` chosen by `state_indices[b]`, `y` from the float32 state before it is
+rounded to the cache's dtype, `y * silu(z)` after `D x`), plus `dt_limit` as mamba_ssm's fused
+scan clamps `dt'`.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from pallas_kernels._args import (
+    check_finite,
+    check_float,
+    check_nonempty,
+    check_rank,
+    is_concrete,
+    is_int,
+    resolve_interpret,
+)
+from pallas_kernels.ssd_state_update.kernel import StateUpdateConfig, ssd_state_update_kernel
+
+__all__ = ["ssd_state_update"]
+
+_FLOATS = (jnp.float32, jnp.bfloat16, jnp.float16)
+# Largest f32 tile `[block_p, piece]` one program holds (4 warps: 16 values per thread), and
+# the widest state-dim piece: keeps the update free of register spills (see the GPU test).
+_TILE_ELEMS = 2048
+_MAX_PIECE = 128
+
+
+def _pieces(n: int) -> tuple[tuple[int, int], ...]:
+    """`[0, n)` as power-of-two pieces of at most `_MAX_PIECE` columns, widest first."""
+    out, c = [], 0
+    while c < n:
+        w = min(_MAX_PIECE, 1 << ((n - c).bit_length() - 1))
+        out.append((c, w))
+        c += w
+    return tuple(out)
+
+
+def _block_p(p: int, widest: int) -> int:
+    """Largest power of two dividing `p` with `block_p * widest <= _TILE_ELEMS`."""
+    bp = p & -p
+    while bp > 1 and bp * widest > _TILE_ELEMS:
+        bp //= 2
+    return bp
+
+
+def _check_dtype(name: str, v: Any) -> None:
+    check_float(name, v)
+    if jnp.dtype(v.dtype) not in [jnp.dtype(d) for d in _FLOATS]:
+        raise NotImplementedError(
+            f"{name}.dtype={v.dtype} is not supported; use float32, bfloat16 or float16"
+        )
+
+
+def _check_shape(name: str, v: Any, want: tuple[int, ...], layout: str) -> None:
+    if v is None:
+        return
+    shape = check_rank(name, v, len(want), layout)
+    if shape != want:
+        raise ValueError(f"{name}.shape={shape} must be {layout} = {want}")
+    check_float(name, v)
+
+
+def _as_indices(state_indices: Any) -> Any:
+    """A list/tuple of ints becomes an int32 array (entries checked); arrays pass through."""
+    if isinstance(state_indices, list | tuple):
+        for i, s in enumerate(state_indices):
+            if not is_int(s):
+                raise ValueError(f"state_indices[{i}]={s!r} must be an int, got {type(s).__name__}")
+        return np.asarray(state_indices, np.int64)
+    return state_indices
+
+
+def _check_indices(idx: Any, rows: int, slots: int) -> None:
+    shape = check_rank("state_indices", idx, 1, "[Bt] (one state slot per row of x)")
+    if shape[0] != rows:
+        raise ValueError(
+            f"state_indices.shape={shape} must be [Bt] = ({rows},): one slot per row of x"
+        )
+    if not jnp.issubdtype(jnp.dtype(idx.dtype), jnp.integer):
+        raise ValueError(f"state_indices.dtype={idx.dtype} must be an integer dtype")
+    if not is_concrete(idx):
+        return  # traced: checked in the kernel only as far as bounds go (see the docstring)
+    v = np.asarray(idx).astype(np.int64)
+    bad = np.nonzero((v < 0) | (v >= slots))[0]
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(
+            f"state_indices[{i}]={int(v[i])} is outside [0, {slots}) (the cache has {slots} "
+            f"slots); a padding slot such as vLLM's PAD_SLOT_ID=-1 is not supported: pass only "
+            f"the rows to update"
+        )
+    uniq, first, counts = np.unique(v, return_index=True, return_counts=True)
+    if (counts > 1).any():
+        k = int(np.nonzero(counts > 1)[0][0])
+        rows_of = np.nonzero(v == uniq[k])[0][:2].tolist()
+        raise ValueError(
+            f"state_indices repeats slot {int(uniq[k])} (rows {rows_of[0]} and {rows_of[1]}): "
+            f"each row must update its own slot (two rows updating one slot would race)"
+        )
+
+
+def _check_limit(dt_limit: Any) -> tuple[float, float]:
+    ok = isinstance(dt_limit, Sequence) and len(dt_limit) == 2
+    ok = ok and all(isinstance(v, int | float | np.integer | np.floating) for v in dt_limit)
+    ok = ok and not any(isinstance(v, bool) for v in dt_limit)
+    if not ok:
+        raise ValueError(f"dt_limit={dt_limit!r} must be a pair of numbers (lo, hi)")
+    lo, hi = float(dt_limit[0]), float(dt_limit[1])
+    if math.isnan(lo) or math.isnan(hi) or lo > hi:
+        raise ValueError(f"dt_limit={dt_limit!r} must satisfy lo <= hi (no NaN)")
+    return lo, hi
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "interpret"), donate_argnums=(0,))
+def _update(state, idx, x, dt, A, bias, B, C, D, z, *, cfg: StateUpdateConfig, interpret: bool):
+    Bt, H, P = x.shape
+    whole = pl.no_block_spec
+    operands = [idx, x, dt, A] + ([bias] if cfg.has_bias else []) + [B, C]
+    if cfg.has_d:
+        operands.append(D)
+    if cfg.has_z:
+        operands.append(z)
+    operands.append(state)
+    y, state = pl.pallas_call(
+        functools.partial(ssd_state_update_kernel, cfg=cfg),
+        grid=(Bt, H, P // cfg.block_p),
+        in_specs=[whole] * len(operands),
+        out_specs=[whole, whole],
+        out_shape=[
+            jax.ShapeDtypeStruct((Bt, H, P), x.dtype),
+            jax.ShapeDtypeStruct(state.shape, state.dtype),
+        ],
+        input_output_aliases={len(operands) - 1: 1},
+        compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
+        interpret=interpret,
+        name="ssd_state_update",
+    )(*operands)
+    return y, state
+
+
+def ssd_state_update(
+    state: jax.Array,
+    x: jax.Array,
+    dt: jax.Array,
+    A: jax.Array,
+    B: jax.Array,
+    C: jax.Array,
+    *,
+    D: jax.Array | None = None,
+    z: jax.Array | None = None,
+    dt_bias: jax.Array | None = None,
+    dt_softplus: bool = False,
+    state_indices: jax.Array | Sequence[int] | None = None,
+    dt_limit: tuple[float, float] = (0.0, float("inf")),
+    interpret: bool | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """Mamba-2 decode step: one token per sequence, the state cache updated in place.
+
+    For each row `b` (one sequence), slot `s = state_indices[b]` (`b` without indices), head
+    `h`, group `g = h // (H // G)`:
+
+        dt' = clamp(dt[b, h] + dt_bias[h] -> softplus if dt_softplus, dt_limit)
+        state[s, h] = exp(dt' A[h]) state[s, h] + dt' x[b, h][:, None] B[b, g][None, :]
+        y[b, h] = state[s, h] @ C[b, g] + D[h] x[b, h]        then  y *= silu(z[b, h])
+
+    vLLM's `selective_state_update` semantics (Mamba-2 form: `dt`, `A`, `dt_bias` per head):
+    `y` is computed from the float32 updated state (before it is rounded to the cache dtype),
+    `z` gates after `D x`. `dt_limit` is applied always, after the softplus, as mamba_ssm's
+    fused scan does: with the default `(0, inf)` a negative `dt'` (possible only without
+    softplus) becomes 0. The gated RMSNorm of a Mamba-2 block (`norm_before_gate=False` in
+    mamba_ssm / transformers) is `rmsnorm(y * silu(z))`: pass `z` here and apply the norm
+    after; with `norm_before_gate=True` pass `z=None` and gate after the norm yourself.
+
+    Args:
+      state: `[S, H, P, N]` float32 / bfloat16 / float16, the cache. DONATED: the call updates
+        it in place; use the returned state (inside a `jit`, donate the cache to that `jit`).
+      x: `[Bt, H, P]` float32 / bfloat16 / float16, 1 <= Bt.
+      dt: `[Bt, H]` float (raw). A: `[H]` float, finite (checked when concrete).
+      B, C: `[Bt, G, N]` float, `H % G == 0`.
+      D: optional `[H]` or `[H, P]` skip term. z: optional `[Bt, H, P]` gate.
+      dt_bias: optional `[H]`. dt_softplus: softplus on `dt + dt_bias`.
+      state_indices: optional integer `[Bt]` (array or list of ints): the slot each row
+        updates; absent means row `b` updates slot `b` (then `Bt <= S`). Concrete indices are
+        checked: every entry in `[0, S)` and no slot twice (ValueError naming the entry).
+        Traced indices are not checked here: an out-of-range slot is never read past the cache
+        nor written (its row's `y` is NaN); a repeated slot gives an unspecified result.
+        vLLM's padding slot (-1, "skip this row") is not supported.
+      dt_limit: `(lo, hi)`, `lo <= hi`, the clamp of `dt'`.
+      interpret: None = interpret on CPU, compiled (Triton) on GPU.
+
+    Returns:
+      `(y [Bt, H, P] in x.dtype, state [S, H, P, N] in the cache's dtype)`. Slots no row names
+      keep their bytes.
+
+    Raises:
+      ValueError: bad shapes or dtypes, `H % G != 0`, bad `state_indices` (not `[Bt]`, not
+        integer, out of range, repeated), a bad `dt_limit`, a concrete non-finite `A`, an
+        empty batch; all before tracing.
+      NotImplementedError: `state` or `x` in a floating dtype other than f32/bf16/f16.
+    """
+    S, H, P, N = check_rank("state", state, 4, "[S, H, P, N] (slots, heads, head_dim, d_state)")
+    _check_dtype("state", state)
+    Bt = check_rank("x", x, 3, "[Bt, H, P]")[0]
+    _check_dtype("x", x)
+    check_nonempty("x", Bt, "rows Bt")
+    check_nonempty("state", S * H * P * N, "size")
+    _check_shape("x", x, (Bt, H, P), "[Bt, H, P] matching state's H, P")
+    _check_shape("dt", dt, (Bt, H), "[Bt, H]")
+    _check_shape("A", A, (H,), "[H]")
+    G = check_rank("B", B, 3, "[Bt, G, N]")[1]
+    _check_shape("B", B, (Bt, G, N), "[Bt, G, N] matching x's Bt and state's N")
+    if G < 1 or H % G:
+        raise ValueError(f"B has G={G} groups; H={H} must be a multiple of G (H % G == 0)")
+    _check_shape("C", C, (Bt, G, N), "[Bt, G, N] like B")
+    if D is not None:
+        shape = getattr(D, "shape", None)
+        want = (H,) if shape is not None and len(shape) == 1 else (H, P)
+        _check_shape("D", D, want, "[H] or [H, P]")
+    _check_shape("z", z, (Bt, H, P), "[Bt, H, P] like x")
+    _check_shape("dt_bias", dt_bias, (H,), "[H]")
+    if not isinstance(dt_softplus, bool):
+        raise ValueError(f"dt_softplus={dt_softplus!r} must be a bool")
+    lo, hi = _check_limit(dt_limit)
+    check_finite("A", A, "the decay exp(dt' A) would be NaN or infinite for its head")
+    if state_indices is None:
+        if Bt > S:
+            raise ValueError(
+                f"x has Bt={Bt} rows but the cache has S={S} slots; without state_indices row "
+                f"b updates slot b, so Bt <= S (or pass state_indices)"
+            )
+        idx = jnp.arange(Bt, dtype=jnp.int32)
+    else:
+        state_indices = _as_indices(state_indices)
+        _check_indices(state_indices, Bt, S)
+        idx = jnp.asarray(state_indices).astype(jnp.int32)
+
+    pieces = _pieces(N)
+    cfg = StateUpdateConfig(
+        num_slots=S,
+        heads_per_group=H // G,
+        block_p=_block_p(P, pieces[0][1]),
+        n_pieces=pieces,
+        dt_softplus=dt_softplus,
+        dt_min=lo,
+        dt_max=hi,
+        has_bias=dt_bias is not None,
+        d_per_row=D is not None and len(D.shape) == 2,
+        has_d=D is not None,
+        has_z=z is not None,
+    )
+    # The kernel converts every float to f32 itself: no conversion launches here.
+    return _update(
+        state, idx, x, dt, A, dt_bias, B, C, D, z,
+        cfg=cfg, interpret=resolve_interpret(interpret),
+    )  # fmt: skip
