@@ -9,6 +9,10 @@ kernel's helpers would cancel the bug it should catch. Three functions:
   chunked from the sequence's first token. It needs concrete `cu_seqlens` (a Python loop).
 - `ssd_chunk_quantities`: the per-chunk intermediates of the packed token stream
   (`dt`, `dA_cumsum`, `C B^T`), laid out as the arena's `ssd_scratch` holds them.
+
+Options (issue 15), as mamba_ssm's `mamba_chunk_scan_combined` defines them:
+`dt' = clamp(softplus?(dt + dt_bias), *dt_limit)` (clamped always, default `(0, inf)`), `D` of
+shape `[H]` or `[H, P]`, and `y = (y_ssm + D x) * silu(z)` with `z [T, H, P]`.
 """
 
 from __future__ import annotations
@@ -24,13 +28,26 @@ __all__ = ["ssd_chunk_quantities", "ssd_chunked_reference", "ssd_sequential_refe
 _HI = jax.lax.Precision.HIGHEST
 
 
-def _processed_dt(dt, dt_bias, dt_softplus):
+_NO_LIMIT = (0.0, float("inf"))
+
+
+def _processed_dt(dt, dt_bias, dt_softplus, dt_limit=_NO_LIMIT):
     dt = jnp.asarray(dt, jnp.float32)
     if dt_bias is not None:
         dt = dt + jnp.asarray(dt_bias, jnp.float32)[None, :]
     if dt_softplus:
         dt = jax.nn.softplus(dt)
-    return dt
+    return jnp.clip(dt, dt_limit[0], dt_limit[1])
+
+
+def _skip_and_gate(y, x, D, z):
+    """`(y + D x) * silu(z)`; `D` is `[H]` or `[H, P]`, `z` is `[T, H, P]` (each optional)."""
+    if D is not None:
+        Df = jnp.asarray(D, jnp.float32)
+        y = y + (Df[None, :, None] if Df.ndim == 1 else Df[None]) * x
+    if z is not None:
+        y = y * jax.nn.silu(jnp.asarray(z, jnp.float32))
+    return y
 
 
 def _seq_bounds(cu_seqlens, num_tokens):
@@ -51,31 +68,37 @@ def ssd_sequential_reference(
     dt_softplus: bool = False,
     initial_states=None,
     cu_seqlens=None,
+    z=None,
+    dt_limit: tuple[float, float] = _NO_LIMIT,
 ) -> tuple[jax.Array, jax.Array]:
     """The SSM recurrence, token by token, in float32.
 
-    `x [T, H, P]`, `dt [T, H]`, `A [H]`, `B, C [T, G, N]`, `D, dt_bias [H]`,
-    `initial_states [S, H, P, N]`, `cu_seqlens int[S + 1]` (concrete or traced).
+    `x [T, H, P]`, `dt [T, H]`, `A [H]`, `B, C [T, G, N]`, `D [H]` or `[H, P]`, `dt_bias [H]`,
+    `z [T, H, P]`, `initial_states [S, H, P, N]`, `cu_seqlens int[S + 1]` (concrete or traced).
     At the first token of each sequence the state is reset to that sequence's initial state
-    (zeros if none), then `h = exp(dt' A) h + dt' x B^T` and `y = h C + D x`.
+    (zeros if none), then `h = exp(dt' A) h + dt' x B^T` and `y = (h C + D x) * silu(z)`, with
+    `dt' = clamp(softplus?(dt + dt_bias), *dt_limit)`.
 
     Returns `(y [T, H, P] float32, final_states [S, H, P, N] float32)`; a sequence with no
     tokens keeps its initial state.
     """
     T = x.shape[0]
     cu = jnp.array([0, T], jnp.int32) if cu_seqlens is None else jnp.asarray(cu_seqlens)
-    return _sequential(x, dt, A, B, C, D, dt_bias, initial_states, cu, dt_softplus=dt_softplus)
+    return _sequential(
+        x, dt, A, B, C, D, z, dt_bias, initial_states, cu,
+        dt_softplus=dt_softplus, dt_limit=tuple(map(float, dt_limit)),
+    )  # fmt: skip
 
 
-@functools.partial(jax.jit, static_argnames=("dt_softplus",))
-def _sequential(x, dt, A, B, C, D, dt_bias, initial_states, cu, *, dt_softplus):
+@functools.partial(jax.jit, static_argnames=("dt_softplus", "dt_limit"))
+def _sequential(x, dt, A, B, C, D, z, dt_bias, initial_states, cu, *, dt_softplus, dt_limit):
     x = jnp.asarray(x, jnp.float32)
     T, H, P = x.shape
     G, N = B.shape[1], B.shape[2]
     rep = H // G
     Bh = jnp.repeat(jnp.asarray(B, jnp.float32), rep, axis=1)  # [T, H, N]
     Ch = jnp.repeat(jnp.asarray(C, jnp.float32), rep, axis=1)
-    dtp = _processed_dt(dt, dt_bias, dt_softplus)
+    dtp = _processed_dt(dt, dt_bias, dt_softplus, dt_limit)
     A = jnp.asarray(A, jnp.float32)
     cu = cu.astype(jnp.int32)
     S = cu.shape[0] - 1
@@ -100,9 +123,7 @@ def _sequential(x, dt, A, B, C, D, dt_bias, initial_states, cu, *, dt_softplus):
 
     h0 = jnp.zeros((H, P, N), jnp.float32)
     (_, finals), y = jax.lax.scan(step, (h0, init), (x, dtp, Bh, Ch, seq, starts))
-    if D is not None:
-        y = y + jnp.asarray(D, jnp.float32)[None, :, None] * x
-    return y, finals
+    return _skip_and_gate(y, x, D, z), finals
 
 
 def _segsum(a):
@@ -157,6 +178,8 @@ def ssd_chunked_reference(
     dt_softplus: bool = False,
     initial_states=None,
     cu_seqlens=None,
+    z=None,
+    dt_limit: tuple[float, float] = _NO_LIMIT,
 ) -> tuple[jax.Array, jax.Array]:
     """The chunked SSD algorithm in plain `jnp`, float32, one sequence at a time.
 
@@ -184,17 +207,21 @@ def ssd_chunked_reference(
         B,
         C,
         D,
+        z,
         dt_bias,
         initial_states,
         idx,
         valid,
         chunk_size=chunk_size,
         dt_softplus=dt_softplus,
+        dt_limit=tuple(map(float, dt_limit)),
     )
 
 
-@functools.partial(jax.jit, static_argnames=("chunk_size", "dt_softplus"))
-def _chunked(x, dt, A, B, C, D, dt_bias, initial_states, idx, valid, *, chunk_size, dt_softplus):
+@functools.partial(jax.jit, static_argnames=("chunk_size", "dt_softplus", "dt_limit"))
+def _chunked(
+    x, dt, A, B, C, D, z, dt_bias, initial_states, idx, valid, *, chunk_size, dt_softplus, dt_limit
+):
     x = jnp.asarray(x, jnp.float32)
     T, H, P = x.shape
     G, N = B.shape[1], B.shape[2]
@@ -202,7 +229,7 @@ def _chunked(x, dt, A, B, C, D, dt_bias, initial_states, idx, valid, *, chunk_si
     rep = H // G
     Bh = jnp.repeat(jnp.asarray(B, jnp.float32), rep, axis=1)
     Ch = jnp.repeat(jnp.asarray(C, jnp.float32), rep, axis=1)
-    dtp = _processed_dt(dt, dt_bias, dt_softplus)
+    dtp = _processed_dt(dt, dt_bias, dt_softplus, dt_limit)
     a = dtp * jnp.asarray(A, jnp.float32)[None, :]
     xdt = x * dtp[:, :, None]
     if initial_states is None:
@@ -218,9 +245,7 @@ def _chunked(x, dt, A, B, C, D, dt_bias, initial_states, idx, valid, *, chunk_si
     ys, finals = jax.vmap(one)(rows(xdt), rows(a), rows(Bh), rows(Ch), init)
     # Scatter each sequence's outputs back to its tokens (the padding rows go to row T).
     y = jnp.zeros((T + 1, H, P), jnp.float32).at[jnp.where(valid, idx, T)].set(ys)[:T]
-    if D is not None:
-        y = y + jnp.asarray(D, jnp.float32)[None, :, None] * x
-    return y, finals
+    return _skip_and_gate(y, x, D, z), finals
 
 
 def ssd_chunk_quantities(
@@ -232,6 +257,7 @@ def ssd_chunk_quantities(
     chunk_size: int = 64,
     dt_bias=None,
     dt_softplus: bool = False,
+    dt_limit: tuple[float, float] = _NO_LIMIT,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """The packed stream's per-chunk intermediates, in float32.
 
@@ -245,7 +271,7 @@ def ssd_chunk_quantities(
     L = chunk_size
     nc = -(-T // L)
     pad = nc * L - T
-    dtp = jnp.pad(_processed_dt(dt, dt_bias, dt_softplus), ((0, pad), (0, 0)))
+    dtp = jnp.pad(_processed_dt(dt, dt_bias, dt_softplus, dt_limit), ((0, pad), (0, 0)))
     dtp = dtp.reshape(nc, L, H).transpose(2, 0, 1)
     dA_cs = jnp.cumsum(dtp * jnp.asarray(A, jnp.float32)[:, None, None], axis=-1)
     Bc = jnp.pad(jnp.asarray(B, jnp.float32), ((0, pad), (0, 0), (0, 0))).reshape(nc, L, G, N)
