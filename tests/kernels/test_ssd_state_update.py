@@ -99,13 +99,16 @@ def test_matches_reference(dtype, state_dtype, d, z, bias, softplus, limit):
                            np.asarray(inp["state"], np.float32)[inp["idx"]])  # fmt: skip
 
 
-def test_equals_one_step_of_the_sequential_recurrence():
+@pytest.mark.parametrize("gated", [False, True])
+def test_equals_one_step_of_the_sequential_recurrence(gated):
     """Row b as a one-token sequence starting from its slot's state: `ssd_sequential_reference`
     with T = Bt, cu_seqlens = 0..Bt and initial_states = state[idx] gives the same y and new
-    state (the default dt_limit clamps nothing: dt' = softplus(.) > 0)."""
+    state; with D [H] and the defaults, and with D [H, P], z and an active dt_limit."""
     S, Bt, H, P, G, N = 6, 5, 4, 8, 2, 16
     inp = _inputs(S, Bt, H, P, G, N, seed=3)
     kw = dict(D=inp["D"], dt_bias=inp["dt_bias"], dt_softplus=True)
+    if gated:
+        kw.update(D=inp["D2"], z=inp["z"], dt_limit=(0.3, 1.2))
     args = (inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"])
     y_seq, finals = ssd_sequential_reference(
         *args, **kw, initial_states=inp["state"][inp["idx"]], cu_seqlens=jnp.arange(Bt + 1)
