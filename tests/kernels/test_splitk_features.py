@@ -210,8 +210,7 @@ def test_fp8_scales_are_checked(kw, needle):
 
 HEADS = {
     # name: (D_qk, D_v, latent, Hq, Hkv, dtype, splits)
-    # (D=80: bf16 in the window test, f32 in the arena test.)
-    "d96_f32": (96, 96, False, 4, 2, jnp.float32, 1),
+    # (D=80: bf16 in the window test, f32 in the arena test; D=96: the bf16 arena test.)
     "dqk192_dv128_f32": (192, 128, False, 4, 2, jnp.float32, 3),
     "mla_latent_576_512_bf16": (576, 512, True, 4, 1, jnp.bfloat16, 2),
 }
