@@ -20,7 +20,7 @@ from pallas_kernels._args import is_concrete as _is_concrete
 SSD_REGION: str = "ssd_scratch"
 """The arena region `ssd_chunked_scan_into` uses as the kernel's f32 scratch."""
 
-SUPPORTED_CHUNK_SIZES: tuple[int, ...] = (16, 32, 64, 128)
+SUPPORTED_CHUNK_SIZES: tuple[int, ...] = (16, 32, 64, 128, 256)
 """Accepted `chunk_size` values (Triton tiles are powers of two, `tl.dot` needs >= 16). With a
 workspace only the scratch's chunk length, 64, is accepted."""
 

@@ -1,35 +1,39 @@
 """Kernel bodies of the Mamba-2 SSD chunked scan (the algorithm only; see `ops.py`).
 
-The per-chunk kernels run on a grid `(chunk c, head h)` over a packed token stream cut into
-chunks of `L = chunk_size` tokens from token 0. Every token carries the index of its sequence
-(`seq`, non-decreasing), so a chunk may hold the tail of one sequence, whole short sequences
-and the head of the next one.
+The token stream is cut into chunks of `L = chunk_size` tokens from token 0. Every token
+carries the index of its sequence (`seq`, non-decreasing), so a chunk may hold the tail of
+one sequence, whole short sequences and the head of the next one.
 
-- `ssd_cumsum_cb_kernel` (phase 1a): `dt'`, the within-chunk inclusive cumulative sum
-  `dA_cumsum` of `dt' A`, and `CB = C B^T` of the head's group (stored by the group's first
-  head), all three into the workspace.
-- `ssd_chunk_kernel` (phase 1b): reads them back and computes the intra-chunk output
-  `y_diag[t] = sum_{s <= t, seq[s] = seq[t]} CB[t, s] exp(dA_cumsum[t] - dA_cumsum[s]) dt'[s]
-  x[s]`, and the chunk's own contribution to the state of its last sequence,
-  `state = sum_{seq[t] = seq[L-1]} exp(dA_cumsum[L-1] - dA_cumsum[t]) dt'[t] x[t]^T B[t]`.
-- `ssd_state_passing_kernel` (phase 2, grid `(head, block of state elements)`): walks the
-  chunks in order inside the kernel, carrying the state of the sequence that runs across each
-  chunk edge, so the number of launches does not depend on the number of chunks.
-- `ssd_output_kernel` (phase 3): adds, for the tokens of the sequence that is running when
-  the chunk starts, `exp(dA_cumsum[t]) C[t] . h_in`, and `D x`.
+- `ssd_cumsum_cb_kernel` (phase 1, grid `(chunk c, head h)`): `dt'`, the within-chunk
+  inclusive cumulative sum `dA_cumsum` of `dt' A`, and `CB = C B^T` of the head's group
+  (stored by the group's first head), all three into the workspace.
+- `ssd_scan_kernel` (phase 2, grid `(head h, block of head_dim columns)`): walks the chunks
+  in order, holding in registers the state of the sequence that runs across each chunk edge
+  (`[block_p, N]` f32), and per chunk writes the output rows of its columns,
+  `y[t] = sum_{s <= t, seq[s] = seq[t]} CB[t, s] exp(dA_cumsum[t] - dA_cumsum[s]) dt'[s] x[s]`
+  `+ exp(dA_cumsum[t] - dA_cumsum[p - 1]) C[t] . h_start(seq[t]) + D x[t]`
+  (`p` the sequence's first token in the chunk; `h_start` the state entering the chunk for
+  the first sequence, the initial state for a sequence starting inside it), and the final
+  state of every sequence that ends in the chunk. The running state never leaves the chip:
+  no per-chunk state, no intra-chunk output buffer, the launches do not depend on T.
 
 Register budget (sm_90a): every matrix product is an f32 `tl.dot` at IEEE precision, which
 Triton lowers to FMAs with each thread holding its rows and columns of BOTH operands over the
-whole contraction. The kernels therefore contract in slices of `block_k` (tokens) or
-`block_n` (state columns) inside a loop, and keep accumulators at most `[64, 64]`, so no
-kernel spills at P = 64, N = 128, L = 64 (ptxas, sm_90a, 4 warps: 96-100 registers for the
-chunk kernels, 40 for the state passing; tests/test_gpu_aot_ssd.py checks it).
+whole contraction. The kernels contract in slices of `block_k` tokens or `block_n` state
+columns and keep every tile at most `[64, 64]` whatever the chunk length (rows in blocks of
+`block_l <= 64`); the state is a tuple of `[block_p, block_n]` tiles (a value cannot be
+sliced at a dynamic offset). tests/gpu/test_ssd_gpu.py checks ptxas' registers and spills.
 
-The workspace is a 2-D f32 array `[rows, L]` (the flat scratch seen as rows of `L`): `dt'` of
-(chunk c, head h) is row `dt_row + h * num_chunks_ws + c`, `dA_cumsum` row
-`dacs_row + h * num_chunks_ws + c`, and `CB` of (chunk c, group g) is the `L` rows from
-`cb_row + (c * num_groups + g) * L`. The kernels see the whole workspace (no block spec)
-and address it with dynamic row slices, so one aliased buffer holds all three sections.
+The workspace is a 2-D f32 array `[rows, L]`: `dt'` of (chunk c, head h) is row
+`dt_row + h * num_chunks_ws + c`, `dA_cumsum` row `dacs_row + h * num_chunks_ws + c`, and
+`CB` of (chunk c, group g) is the `L` rows from `cb_row + (c * num_groups + g) * L`. The
+kernels see the whole workspace (no block spec; in the arena form, the whole arena) and
+address it with dynamic row slices.
+
+Masks select (`jnp.where`) rather than multiply by 0 where one sequence's values meet another
+sequence's: a NaN initial state or token of one sequence does not reach another sequence's
+final state, nor (for initial states) its outputs. (Inside a chunk, the intra-chunk product
+`M @ x` still multiplies another sequence's x by a 0 weight.)
 """
 
 from __future__ import annotations
@@ -56,6 +60,11 @@ def _dot(a, b, dims=None):
     return jax.lax.dot_general(a, b, dims, precision=_HI, preferred_element_type=jnp.float32)
 
 
+def _scalar(ref, row, col):
+    """`ref[row, col]` of a 2-D f32 ref at dynamic indices, as a scalar."""
+    return jnp.sum(ref[pl.ds(row, 1), pl.ds(col, 1)])
+
+
 def ssd_cumsum_cb_kernel(
     dt_ref,
     a_ref,
@@ -74,9 +83,10 @@ def ssd_cumsum_cb_kernel(
     dacs_row: int,
     cb_row: int,
     dt_softplus: bool,
+    block_l: int,
     block_n: int,
 ):
-    """Phase 1a for one (chunk, head). Refs (blocks):
+    """Phase 1 for one (chunk, head). Refs (blocks):
 
     dt `[L]` (raw), a / bias `[H]` (whole), b / c `[L, N]` (this head's group), ws_in (aliased
     to ws, unused), ws `[rows, L]` (whole, written).
@@ -97,181 +107,206 @@ def ssd_cumsum_cb_kernel(
     ws_ref[pl.ds(dt_row + h * num_chunks_ws + c, 1), :] = dt[None, :]
     ws_ref[pl.ds(dacs_row + h * num_chunks_ws + c, 1), :] = dA_cs[None, :]
 
-    # CB depends on the group only: the group's first head stores it.
+    # CB depends on the group only: the group's first head stores it, in [block_l]^2 tiles.
     @pl.when(h % heads_per_group == 0)
     def _store_cb():
         num_n = b_ref.shape[1] // block_n
+        nl = L // block_l
+        cb0 = cb_row + (c * num_groups + g) * L
 
-        def body(j, acc):
-            cols = pl.ds(pl.multiple_of(j * block_n, block_n), block_n)
-            cm = c_ref[:, cols].astype(jnp.float32)
-            bm = b_ref[:, cols].astype(jnp.float32)
-            return acc + _dot(cm, bm, _NT)
+        def tile(r0, q0):
+            def body(j, acc):
+                cols = pl.ds(pl.multiple_of(j * block_n, block_n), block_n)
+                cm = c_ref[pl.ds(r0, block_l), cols].astype(jnp.float32)
+                bm = b_ref[pl.ds(q0, block_l), cols].astype(jnp.float32)
+                return acc + _dot(cm, bm, _NT)
 
-        cb = jax.lax.fori_loop(0, num_n, body, jnp.zeros((L, L), jnp.float32))
-        ws_ref[pl.ds(cb_row + (c * num_groups + g) * L, L), :] = cb
+            acc = jnp.zeros((block_l, block_l), jnp.float32)
+            ws_ref[pl.ds(cb0 + r0, block_l), pl.ds(q0, block_l)] = jax.lax.fori_loop(
+                0, num_n, body, acc
+            )
+
+        def row_tiles(r, carry):
+            r0 = pl.multiple_of(r * block_l, block_l)
+
+            def col_tile(q, carry):
+                tile(r0, pl.multiple_of(q * block_l, block_l))
+                return carry
+
+            return jax.lax.fori_loop(0, nl, col_tile, carry)
+
+        jax.lax.fori_loop(0, nl, row_tiles, 0)
 
 
-def ssd_chunk_kernel(
+def ssd_scan_kernel(
     x_ref,
     b_ref,
+    c_ref,
     seq_ref,
+    cu_ref,
     ws_ref,
-    y_diag_ref,
-    state_ref,
+    d_ref,
+    init_ref,
+    y_ref,
+    final_ref,
     *,
     chunk_size: int,
+    num_chunks: int,
+    num_seqs: int,
     num_chunks_ws: int,
     heads_per_group: int,
     num_groups: int,
     dt_row: int,
     dacs_row: int,
     cb_row: int,
+    has_d: bool,
+    has_init: bool,
+    block_l: int,
     block_k: int,
     block_n: int,
+    block_p: int,
 ):
-    """Phase 1b for one (chunk, head). Refs (blocks):
+    """Phase 2 for one (head h, block j of `block_p` head_dim columns). Refs (whole arrays):
 
-    x `[L, P]`, b `[L, N]` (this head's group), seq `[L]` int32, ws `[rows, L]` (whole,
-    read: dt', dA_cumsum and CB of phase 1a), y_diag `[L, P]` f32, state `[P, N]` f32.
+    x `[Tp, H, P]`, b / c `[Tp, G, N]`, seq `[Tp]` int32 (each token's sequence), cu `[S + 1]`
+    int32 (sequence starts), ws `[rows, L]` f32 (read: phase 1's dt', dA_cumsum and CB), d
+    `[H]` f32, init `[S, H, P, N]` (unused without `has_init`), y `[Tp, H, P]` (written: this
+    head's columns), final `[S, H, P, N]` f32 (written: this head's columns).
+
+    Per chunk `c` (tokens `t0 = c * L ...`), with `s0` / `s_last` the sequences of its first
+    and last token: `h_in = (cu[s0] < t0) ? h_run : init[s0]` is the state of `s0` before the
+    chunk; the outputs of the chunk's rows are written (module docstring); then for every
+    sequence `s` in `s0 .. s_last`, its state at its last token `e` in the chunk,
+    `exp(dA[e] - dA[p - 1]) * (s == s0 ? h_in : init[s]) + sum_{t in s, t <= e}
+    exp(dA[e] - dA[t]) dt'[t] x[t]^T B[t]`, is stored as its final state if `s` ends in the
+    chunk, and is carried to the next chunk if `s == s_last`.
     """
-    L = chunk_size
-    c = pl.program_id(0)
-    h = pl.program_id(1)
+    L, bl, bk, bn, bp = chunk_size, block_l, block_k, block_n, block_p
+    h = pl.program_id(0)
     g = h // heads_per_group
-    dt_r = dt_row + h * num_chunks_ws + c
-    da_r = dacs_row + h * num_chunks_ws + c
-    cb_r = cb_row + (c * num_groups + g) * L
-    num_k = L // block_k
+    pcols = pl.ds(pl.multiple_of(pl.program_id(1) * bp, bp), bp)
+    nn = c_ref.shape[2] // bn
+    ncols = [pl.ds(n * bn, bn) for n in range(nn)]
+    f32 = jnp.float32
+    zero_state = tuple(jnp.zeros((bp, bn), f32) for _ in range(nn))
 
-    # Row-side quantities of the whole chunk, as columns [L, 1].
-    seq_all = seq_ref[...]
-    seq_col = seq_all[:, None]
-    da_col = jnp.transpose(ws_ref[pl.ds(da_r, 1), :])  # [L, 1]
-    row_idx = jax.lax.broadcasted_iota(jnp.int32, (L, block_k), 0)
+    def init_of(s):
+        if not has_init:
+            return zero_state
+        return tuple(init_ref[s, h, pcols, cols].astype(f32) for cols in ncols)
 
-    # y_diag, contracted over the source tokens s in slices of block_k.
-    def diag_body(k, acc):
-        k0 = pl.multiple_of(k * block_k, block_k)
-        ks = pl.ds(k0, block_k)
-        cb = ws_ref[pl.ds(cb_r, L), ks]  # [L, bk]
-        da_k = ws_ref[pl.ds(da_r, 1), ks]  # [1, bk]
-        dt_k = ws_ref[pl.ds(dt_r, 1), ks]  # [1, bk]
-        seq_k = seq_ref[ks][None, :]  # [1, bk]
-        col_idx = k0 + jax.lax.broadcasted_iota(jnp.int32, (L, block_k), 1)
-        causal = (row_idx >= col_idx) & (seq_col == seq_k)
-        seg = jnp.where(causal, da_col - da_k, 0.0)
-        m = jnp.where(causal, cb * jnp.exp(seg), 0.0) * dt_k
-        return acc + _dot(m, x_ref[ks, :].astype(jnp.float32))
+    # Empty sequences never appear in the stream: their final state is their initial state.
+    def empty_body(s, carry):
+        @pl.when(cu_ref[s] == cu_ref[s + 1])
+        def _store():
+            for n, v in enumerate(init_of(s)):
+                final_ref[s, h, pcols, ncols[n]] = v
 
-    P = x_ref.shape[1]
-    y_diag_ref[...] = jax.lax.fori_loop(0, num_k, diag_body, jnp.zeros((L, P), jnp.float32))
-
-    # The chunk's state: only its last sequence carries a state into the next chunk.
-    s_last = jnp.max(seq_all)
-    total = jnp.sum(ws_ref[pl.ds(da_r, 1), pl.ds(L - 1, 1)])
-
-    def state_cols(j, carry):
-        cols = pl.ds(pl.multiple_of(j * block_n, block_n), block_n)
-
-        def state_body(k, acc):
-            ks = pl.ds(pl.multiple_of(k * block_k, block_k), block_k)
-            da_k = jnp.transpose(ws_ref[pl.ds(da_r, 1), ks])  # [bk, 1]
-            dt_k = jnp.transpose(ws_ref[pl.ds(dt_r, 1), ks])
-            last = (seq_ref[ks] == s_last)[:, None]  # [bk, 1]
-            w = jnp.where(last, jnp.exp(jnp.where(last, total - da_k, 0.0)), 0.0)
-            bw = b_ref[ks, cols].astype(jnp.float32) * (w * dt_k)
-            return acc + _dot(x_ref[ks, :].astype(jnp.float32), bw, _TN)
-
-        acc = jnp.zeros((P, block_n), jnp.float32)
-        state_ref[:, cols] = jax.lax.fori_loop(0, num_k, state_body, acc)
         return carry
 
-    jax.lax.fori_loop(0, state_ref.shape[1] // block_n, state_cols, 0)
+    jax.lax.fori_loop(0, num_seqs, empty_body, 0)
+    d_h = d_ref[h]
 
+    def chunk_body(c, h_run):
+        t0 = c * L
+        dt_r = dt_row + h * num_chunks_ws + c
+        da_r = dacs_row + h * num_chunks_ws + c
+        cb_r = cb_row + (c * num_groups + g) * L
+        s0 = seq_ref[t0]
+        s_last = seq_ref[t0 + L - 1]
+        cont = cu_ref[s0] < t0
+        h_in = init_of(s0)
+        h_in = tuple(jnp.where(cont, a, b) for a, b in zip(h_run, h_in, strict=True))
 
-def ssd_state_passing_kernel(
-    states_ref,
-    decay_ref,
-    meta_ref,
-    init_ref,
-    h_ref,
-    *,
-    num_chunks: int,
-    block: int,
-):
-    """Phase 2 for one (head h, block j of `block` state elements). Refs (whole arrays):
+        def c_dot_state(rows, state):
+            """`C[rows] . state^T` for a state given as column tiles: `[block_l, block_p]`."""
+            out = jnp.zeros((bl, bp), f32)
+            for n, tile in enumerate(state):
+                cm = c_ref[rows, g, ncols[n]].astype(f32)
+                out = out + _dot(cm, tile, _NT)
+            return out
 
-    states (aliased to h, unused: read through h), decay `[H, nc]` f32 (the decay of chunk c
-    over the part that carries a state: from the last sequence's start, or the chunk start,
-    to the chunk end), meta `[4, nc]` int32 (rows: the chunk's first sequence continues from
-    the previous chunk; its last sequence starts strictly inside it; the first sequence; the
-    last sequence), init `[S, H, E]` f32 (each sequence's initial state, `E = P * N`
-    flattened), h `[nc, H, E]` f32: on entry each chunk's own contribution to the state of
-    its last sequence, on exit the state of the sequence running at each chunk's first
-    token, before it (`h_in`). Chunk c's slot is read before it is overwritten, by the same
-    program through the same ref, so the update in place needs no second buffer.
+        # -- Outputs, in blocks of `block_l` rows.
+        def row_block(r, carry):
+            r0 = pl.multiple_of(r * bl, bl)
+            rows = pl.ds(t0 + r0, bl)
+            seq_rows = seq_ref[rows][:, None]  # [bl, 1]
+            da_rows = jnp.transpose(ws_ref[pl.ds(da_r, 1), pl.ds(r0, bl)])  # [bl, 1]
+            row_idx = r0 + jax.lax.broadcasted_iota(jnp.int32, (bl, bk), 0)
 
-    Per chunk, in order: `h_in = continues ? h_run : init[first]`, then
-    `h_run = decay * (fresh ? init[last] : h_in) + states[c]`.
-    """
-    del states_ref  # aliased to h_ref
-    h = pl.program_id(0)
-    cols = pl.ds(pl.multiple_of(pl.program_id(1) * block, block), block)
+            def diag_body(k, acc):
+                k0 = pl.multiple_of(k * bk, bk)
+                ks = pl.ds(k0, bk)
+                cb = ws_ref[pl.ds(cb_r + r0, bl), ks]  # [bl, bk]
+                da_k = ws_ref[pl.ds(da_r, 1), ks]  # [1, bk]
+                dt_k = ws_ref[pl.ds(dt_r, 1), ks]  # [1, bk]
+                seq_k = seq_ref[pl.ds(t0 + k0, bk)][None, :]  # [1, bk]
+                col_idx = k0 + jax.lax.broadcasted_iota(jnp.int32, (bl, bk), 1)
+                causal = (row_idx >= col_idx) & (seq_rows == seq_k)
+                seg = jnp.where(causal, da_rows - da_k, 0.0)
+                m = jnp.where(causal, cb * jnp.exp(seg), 0.0) * dt_k
+                return acc + _dot(m, x_ref[pl.ds(t0 + k0, bk), h, pcols].astype(f32))
 
-    def body(c, h_run):
-        own = h_ref[c, h, cols]
-        cont = meta_ref[0, c] != 0
-        fresh = meta_ref[1, c] != 0
-        h_in = jnp.where(cont, h_run, init_ref[meta_ref[2, c], h, cols])
-        h_ref[c, h, cols] = h_in
-        h_start = jnp.where(fresh, init_ref[meta_ref[3, c], h, cols], h_in)
-        return decay_ref[h, c] * h_start + own
+            # Causal: source tokens past this row block contribute nothing.
+            acc = jax.lax.fori_loop(0, (r0 + bl) // bk, diag_body, jnp.zeros((bl, bp), f32))
+            # The sequence running at the chunk's start sees h_in.
+            first = seq_rows == s0
+            scale = jnp.exp(jnp.where(first, da_rows, 0.0))
+            acc = acc + jnp.where(first, scale * c_dot_state(rows, h_in), 0.0)
+            if has_init:
+                # A sequence starting inside the chunk sees its initial state.
+                def inner(s, acc):
+                    base = _scalar(ws_ref, da_r, cu_ref[s] - t0 - 1)
+                    mine = seq_rows == s
+                    w = jnp.exp(jnp.where(mine, da_rows - base, 0.0))
+                    return acc + jnp.where(mine, w * c_dot_state(rows, init_of(s)), 0.0)
 
-    jax.lax.fori_loop(0, num_chunks, body, jnp.zeros((block,), jnp.float32))
+                acc = jax.lax.fori_loop(s0 + 1, s_last + 1, inner, acc)
+            if has_d:
+                acc = acc + d_h * x_ref[rows, h, pcols].astype(f32)
+            y_ref[rows, h, pcols] = acc.astype(y_ref.dtype)
+            return carry
 
+        jax.lax.fori_loop(0, L // bl, row_block, 0)
 
-def ssd_output_kernel(
-    x_ref,
-    c_ref,
-    seq_ref,
-    y_diag_ref,
-    h_in_ref,
-    ws_ref,
-    d_ref,
-    y_ref,
-    *,
-    chunk_size: int,
-    num_chunks_ws: int,
-    dacs_row: int,
-    has_d: bool,
-    block_n: int,
-):
-    """Phase 3 for one (chunk, head). Refs (blocks):
+        # -- The state of every sequence of the chunk at its last token in the chunk.
+        def seq_state(s, h_next):
+            start_tok = cu_ref[s]
+            p = jnp.maximum(start_tok - t0, 0)
+            end_tok = cu_ref[s + 1]
+            e = jnp.minimum(end_tok, t0 + L) - 1 - t0
+            a_end = _scalar(ws_ref, da_r, jnp.maximum(e, 0))
+            base = jnp.where(p > 0, _scalar(ws_ref, da_r, jnp.maximum(p - 1, 0)), 0.0)
+            start = init_of(s)
+            start = tuple(jnp.where(s == s0, a, b) for a, b in zip(h_in, start, strict=True))
 
-    x `[L, P]`, c `[L, N]`, seq `[L]` int32, y_diag `[L, P]` f32 (intra-chunk output plus the
-    initial-state terms of sequences that start inside the chunk), h_in `[P, N]` f32 (state
-    of the sequence running at the chunk's first token, before that token), ws `[rows, L]`
-    (whole, read), d `[H]` (whole), y `[L, P]` in the output dtype.
-    """
-    c = pl.program_id(0)
-    h = pl.program_id(1)
-    L = chunk_size
-    P = x_ref.shape[1]
+            def own_body(k, acc):
+                k0 = pl.multiple_of(k * bk, bk)
+                ks = pl.ds(k0, bk)
+                da_k = jnp.transpose(ws_ref[pl.ds(da_r, 1), ks])  # [bk, 1]
+                dt_k = jnp.transpose(ws_ref[pl.ds(dt_r, 1), ks])
+                tok = k0 + jax.lax.broadcasted_iota(jnp.int32, (bk, 1), 0)
+                mine = (seq_ref[pl.ds(t0 + k0, bk)][:, None] == s) & (tok <= e)  # [bk, 1]
+                w = jnp.where(mine, jnp.exp(jnp.where(mine, a_end - da_k, 0.0)) * dt_k, 0.0)
+                xm = jnp.where(mine, x_ref[pl.ds(t0 + k0, bk), h, pcols].astype(f32), 0.0)
+                out = []
+                for n in range(nn):
+                    bm = b_ref[pl.ds(t0 + k0, bk), g, ncols[n]].astype(f32)
+                    bw = jnp.where(mine, bm * w, 0.0)
+                    out.append(acc[n] + _dot(xm, bw, _TN))
+                return tuple(out)
 
-    # C . h_in, contracted over the state columns in slices of block_n.
-    def body(j, acc):
-        cols = pl.ds(pl.multiple_of(j * block_n, block_n), block_n)
-        return acc + _dot(c_ref[:, cols].astype(jnp.float32), h_in_ref[:, cols], _NT)
+            own = jax.lax.fori_loop(0, L // bk, own_body, zero_state)
+            decay = jnp.exp(a_end - base)
+            state = tuple(decay * a + b for a, b in zip(start, own, strict=True))
 
-    y_off = jax.lax.fori_loop(0, c_ref.shape[1] // block_n, body, jnp.zeros((L, P), jnp.float32))
-    dA_cs = ws_ref[pl.ds(dacs_row + h * num_chunks_ws + c, 1), :]  # [1, L]
-    seq = seq_ref[...]
-    s0 = jnp.min(seq)
-    # Tokens of a sequence that starts inside this chunk do not see h_in.
-    first = (seq == s0)[None, :]
-    scale = jnp.where(first, jnp.exp(jnp.where(first, dA_cs, 0.0)), 0.0)  # [1, L]
-    y = y_diag_ref[...] + jnp.transpose(scale) * y_off
-    if has_d:
-        y = y + d_ref[h] * x_ref[...].astype(jnp.float32)
-    y_ref[...] = y.astype(y_ref.dtype)
+            @pl.when((end_tok > start_tok) & (end_tok <= t0 + L))
+            def _store():
+                for n, v in enumerate(state):
+                    final_ref[s, h, pcols, ncols[n]] = v
+
+            return tuple(jnp.where(s == s_last, a, b) for a, b in zip(state, h_next, strict=True))
+
+        return jax.lax.fori_loop(s0, s_last + 1, seq_state, h_in)
+
+    jax.lax.fori_loop(0, num_chunks, chunk_body, zero_state)

@@ -1,23 +1,22 @@
 """Public wrappers: the Mamba-2 SSD chunked scan over a packed stream of sequences.
 
-The computation follows mamba_ssm's `ssd_combined` split, with packed sequences:
+Two Pallas kernels (see kernel.py), with packed sequences:
 
-1. Pallas (`ssd_cumsum_cb_kernel`, grid chunk x head): `dt' = softplus(dt + dt_bias)` (or
-   without softplus), `dA_cumsum` and `CB = C B^T`, all three stored into the f32 scratch;
-   then Pallas (`ssd_chunk_kernel`, grid chunk x head), reading them back: the intra-chunk
-   output and each chunk's own contribution to the state of its last sequence.
-2. Pallas (`state_passing.pass_states`, grid head x block of state elements): the state
-   passing, a loop over chunks inside the kernel carrying the state of the sequence that runs
-   across the chunk edge (reset to a sequence's initial state where it starts); jnp computes
-   its per-chunk inputs (which sequence continues or starts, the chunk decay from
-   `dA_cumsum`). No XLA loop is left, so the number of launches per call does not depend on
-   the sequence length. Also jnp: for every sequence that starts strictly inside a chunk, the
-   output term of its initial state within that first chunk (only when `initial_states` is
-   given), and every sequence's final state, taken from the chunk holding its last token.
-   These are O(number of sequences x one chunk) of work.
-3. Pallas (`ssd_output_kernel`, grid chunk x head): adds the inter-chunk output
-   `exp(dA_cumsum) C . h_in` for the tokens of the sequence running at the chunk's start,
-   and `D x`.
+1. `ssd_cumsum_cb_kernel` (grid chunk x head): `dt' = softplus(dt + dt_bias)` (or without
+   softplus), `dA_cumsum` and `CB = C B^T`, all three stored into the f32 scratch (the arena's
+   `ssd_scratch` in the arena form), as mamba_ssm's `ssd_combined` computes them.
+2. `ssd_scan_kernel` (grid head x block of head_dim columns): walks the chunks in order inside
+   the kernel with the running state in registers, and writes every chunk's outputs (the
+   intra-chunk part from the scratch's CB, the inter-chunk part from the running state or a
+   sequence's initial state, and `D x`) and the final state of every sequence that ends in
+   the chunk. No per-chunk state and no intra-chunk output is ever stored: beside the scratch,
+   the outputs and the inputs, the GPU temporaries are `seq` (int32 per token) and, only
+   where T, P or N are not multiples of the tiles, the padded inputs and sliced outputs.
+
+The launches per call do not depend on T (no XLA loop). The price is parallelism: phase 2
+runs `H * P / block_p` programs (256 for H=64, P=64), each sequential over the chunks, where
+mamba_ssm's split runs chunks in parallel and keeps per-chunk states `[nc, H, P, N]` in HBM
+(67 MB at T=2048 for H=64, P=64, N=128), which the seed's scratch does not hold.
 
 Chunks are cut from token 0 of the packed stream (a sequence boundary may fall anywhere
 inside a chunk); the decay between two tokens of different sequences is masked to zero, so
@@ -48,12 +47,7 @@ from pallas_kernels.ssd_chunked_scan._checks import (
     _per_chunk_floats,
     _validate,
 )
-from pallas_kernels.ssd_chunked_scan.kernel import (
-    ssd_chunk_kernel,
-    ssd_cumsum_cb_kernel,
-    ssd_output_kernel,
-)
-from pallas_kernels.ssd_chunked_scan.state_passing import pass_states
+from pallas_kernels.ssd_chunked_scan.kernel import ssd_cumsum_cb_kernel, ssd_scan_kernel
 
 __all__ = [
     "SSD_REGION",
@@ -64,9 +58,11 @@ __all__ = [
 
 _HI = jax.lax.Precision.HIGHEST
 # Tiles of the Triton kernels (see kernel.py): the contraction slices over tokens and over
-# state columns (the state passing's tile is in state_passing.py).
+# state columns, the row blocks of a chunk, and the head_dim columns of one scan program.
 _BLOCK_K = 16
 _BLOCK_N = 32
+_BLOCK_L = 64
+_BLOCK_P = 16
 
 
 def _tile(n: int) -> int:
@@ -77,15 +73,6 @@ def _pad_to(v: jax.Array, shape: tuple[int, ...]) -> jax.Array:
     if tuple(v.shape) == shape:
         return v
     return jnp.pad(v, [(0, t - s) for s, t in zip(v.shape, shape, strict=True)])
-
-
-def _gather_chunk(v: jax.Array, chunk: jax.Array, L: int) -> jax.Array:
-    """`v[chunk[s] * L : chunk[s] * L + L]` for every s: `[S, L, ...]`."""
-
-    def one(c):
-        return jax.lax.dynamic_slice_in_dim(v, c * L, L, axis=0)
-
-    return jax.vmap(one)(chunk)
 
 
 @functools.partial(
@@ -126,10 +113,6 @@ def _ssd_impl(
     bias = jnp.zeros((H,), f32) if dt_bias is None else dt_bias.astype(f32)
     D32 = jnp.zeros((H,), f32) if D is None else D.astype(f32)
     cu = cu_seqlens.astype(jnp.int32)
-    if has_init:
-        init = _pad_to(initial_states.astype(f32), (S, H, Pp, Np))
-    else:
-        init = jnp.zeros((S, H, Pp, Np), f32)
 
     # Sequence of each token: the last s with cu[s] <= t, which skips empty sequences.
     # Padding tokens join the last sequence; with dt' = 0 they change nothing. (A count of
@@ -137,10 +120,9 @@ def _ssd_impl(
     tok = jnp.arange(Tp, dtype=jnp.int32)
     seq = jnp.sum(cu[None, 1:S] <= tok[:, None], axis=1, dtype=jnp.int32)
 
-    # Accumulators are [L, L] (CB) and [L, P]: twice the threads for 128-token chunks keeps
-    # them within the registers (4 warps spill CB at L = 128).
-    params = plgpu.CompilerParams(num_warps=4 if L <= 64 else 8, num_stages=1)
-    bk, bn = min(_BLOCK_K, L), min(_BLOCK_N, Np)
+    # Every tile is at most [64, 64] f32 whatever L (kernel.py), so 4 warps hold them.
+    params = plgpu.CompilerParams(num_warps=4, num_stages=1)
+    bk, bn, bl = min(_BLOCK_K, L), min(_BLOCK_N, Np), min(_BLOCK_L, L)
     ws_geom = dict(
         chunk_size=L,
         num_chunks_ws=ncw,
@@ -158,6 +140,7 @@ def _ssd_impl(
             **ws_geom,
             num_tokens=T,
             dt_softplus=dt_softplus,
+            block_l=bl,
             block_n=bn,
         ),
         grid=(nc, H),
@@ -177,108 +160,41 @@ def _ssd_impl(
         name="ssd_cumsum_cb",
     )(dtp, A32, bias, Bp, Cp, ws2d)
 
-    y_diag, chunk_states = pl.pallas_call(
-        functools.partial(ssd_chunk_kernel, **ws_geom, block_k=bk, block_n=bn),
-        grid=(nc, H),
-        in_specs=[
-            pl.BlockSpec((L, None, Pp), lambda c, h: (c, h, 0)),
-            pl.BlockSpec((L, None, Np), lambda c, h: (c, h // hpg, 0)),
-            pl.BlockSpec((L,), lambda c, h: (c,)),
-            whole,
-        ],
-        out_specs=[
-            pl.BlockSpec((L, None, Pp), lambda c, h: (c, h, 0)),
-            pl.BlockSpec((None, None, Pp, Np), lambda c, h: (c, h, 0, 0)),
-        ],
-        out_shape=[
-            jax.ShapeDtypeStruct((Tp, H, Pp), f32),
-            jax.ShapeDtypeStruct((nc, H, Pp, Np), f32),
-        ],
-        compiler_params=params,
-        interpret=interpret,
-        name="ssd_chunk",
-    )(xp, Bp, seq, ws2d)
-
-    # --- The state passing (Pallas, one launch), reading dA_cumsum back from the scratch.
-    dt_ws = ws2d[dims.dt_row : dims.dt_row + H * ncw].reshape(H, ncw, L)[:, :nc]
-    dacs = ws2d[dims.dacs_row : dims.dacs_row + H * ncw].reshape(H, ncw, L)[:, :nc]
-    h_in = pass_states(chunk_states, dacs, seq, cu, init, interpret=interpret)
-
-    starts, ends = cu[:-1], cu[1:]
-    l_idx = jnp.arange(L, dtype=jnp.int32)
+    bp = min(_BLOCK_P, Pp)
     if has_init:
-        # --- jnp: initial-state output of sequences that start strictly inside a chunk.
-        c_s = jnp.clip(starts // L, 0, nc - 1)
-        p = starts - c_s * L
-        valid = (p > 0) & (ends > starts)
-        in_seg = (l_idx[None, :] >= p[:, None]) & (l_idx[None, :] < (ends - c_s * L)[:, None])
-        in_seg = in_seg & valid[:, None]  # [S, L]
-        d_c = jnp.transpose(dacs[:, c_s, :], (1, 0, 2))  # [S, H, L]
-        base = jnp.take_along_axis(d_c, jnp.clip(p - 1, 0, L - 1)[:, None, None], axis=2)
-        seg = jnp.where(in_seg[:, None, :], d_c - base, 0.0)
-        decay = jnp.where(in_seg[:, None, :], jnp.exp(seg), 0.0)  # [S, H, L]
-        c_chunk = _gather_chunk(Cp, c_s, L).astype(f32)  # [S, L, G, Np]
-        init_g = init.reshape(S, G, hpg, Pp, Np)
-        contrib = jnp.einsum("slgn,sgkpn->slgkp", c_chunk, init_g, precision=_HI)
-        contrib = contrib.reshape(S, L, H, Pp) * jnp.transpose(decay, (0, 2, 1))[..., None]
-        # Select: a NaN initial state of one sequence must not reach the other sequences'
-        # tokens of the chunk as 0 * NaN.
-        contrib = jnp.where(in_seg[:, :, None, None], contrib, 0.0)
-        y_diag = y_diag.reshape(nc, L, H, Pp).at[c_s].add(contrib).reshape(Tp, H, Pp)
-
-    out_kernel = functools.partial(
-        ssd_output_kernel,
-        chunk_size=L,
-        num_chunks_ws=ncw,
-        dacs_row=dims.dacs_row,
-        has_d=has_d,
-        block_n=bn,
-    )
-    y = pl.pallas_call(
-        out_kernel,
-        grid=(nc, H),
-        in_specs=[
-            pl.BlockSpec((L, None, Pp), lambda c, h: (c, h, 0)),
-            pl.BlockSpec((L, None, Np), lambda c, h: (c, h // hpg, 0)),
-            pl.BlockSpec((L,), lambda c, h: (c,)),
-            pl.BlockSpec((L, None, Pp), lambda c, h: (c, h, 0)),
-            pl.BlockSpec((None, None, Pp, Np), lambda c, h: (c, h, 0, 0)),
-            whole,
-            whole,
+        init = _pad_to(initial_states, (S, H, Pp, Np))  # converted to f32 in the kernel
+    else:
+        init = jnp.zeros((1,), f32)  # never read
+    y, final = pl.pallas_call(
+        functools.partial(
+            ssd_scan_kernel,
+            **ws_geom,
+            num_chunks=nc,
+            num_seqs=S,
+            has_d=has_d,
+            has_init=has_init,
+            block_l=bl,
+            block_k=bk,
+            block_n=bn,
+            block_p=bp,
+        ),
+        grid=(H, Pp // bp),
+        in_specs=[whole] * 8,
+        out_specs=[whole, whole],
+        out_shape=[
+            jax.ShapeDtypeStruct((Tp, H, Pp), x.dtype),
+            jax.ShapeDtypeStruct((S, H, Pp, Np), f32),
         ],
-        out_specs=pl.BlockSpec((L, None, Pp), lambda c, h: (c, h, 0)),
-        out_shape=jax.ShapeDtypeStruct((Tp, H, Pp), x.dtype),
         compiler_params=params,
         interpret=interpret,
-        name="ssd_output",
-    )(xp, Cp, seq, y_diag, h_in, ws2d, D32)
+        name="ssd_scan",
+    )(xp, Bp, Cp, seq, cu, ws2d, D32, init)
+    if (Tp, Pp) != (T, P):
+        y = y[:T, :, :P]
+    if (Pp, Np) != (P, N):
+        final = final[:, :, :P, :N]
+    return y, final, ws2d
 
-    # --- jnp: final state of every sequence, from the chunk that holds its last token.
-    e = jnp.clip(ends - 1, 0, T - 1)
-    c_e = e // L
-    pe = e - c_e * L
-    before = starts <= c_e * L
-    p = jnp.where(before, 0, starts - c_e * L)
-    h_start = jnp.where(before[:, None, None, None], h_in[c_e], init)
-    d_c = jnp.transpose(dacs[:, c_e, :], (1, 0, 2))  # [S, H, L]
-    dt_c = jnp.transpose(dt_ws[:, c_e, :], (1, 0, 2))
-    a_end = jnp.take_along_axis(d_c, pe[:, None, None], axis=2)  # [S, H, 1]
-    base = jnp.take_along_axis(d_c, jnp.clip(p - 1, 0, L - 1)[:, None, None], axis=2)
-    base = jnp.where((p > 0)[:, None, None], base, 0.0)
-    mask = ((l_idx[None, :] >= p[:, None]) & (l_idx[None, :] <= pe[:, None]))[:, None, :]
-    # Select, not multiply: tokens of other sequences in the chunk (their x, B, dt' may be NaN)
-    # must not reach this sequence's state as 0 * NaN.
-    w = jnp.where(mask, jnp.exp(jnp.where(mask, a_end - d_c, 0.0)) * dt_c, 0.0)  # [S, H, L]
-    tok_in = mask[:, 0, :]  # [S, L]
-    x_c = _gather_chunk(xp, c_e, L).astype(f32)
-    x_c = jnp.where(tok_in[:, :, None, None], x_c, 0.0).reshape(S, L, G, hpg, Pp)
-    b_c = _gather_chunk(Bp, c_e, L).astype(f32)  # [S, L, G, Np]
-    b_c = jnp.where(tok_in[:, :, None, None], b_c, 0.0)
-    w_g = w.reshape(S, G, hpg, L)
-    own = jnp.einsum("sgkl,slgkp,slgn->sgkpn", w_g, x_c, b_c, precision=_HI)
-    final = jnp.exp(a_end - base)[..., None] * h_start + own.reshape(S, H, Pp, Np)
-    final = jnp.where((ends > starts)[:, None, None, None], final, init)
-    return y[:T, :, :P], final[:, :, :P, :N], ws2d
 
 
 def ssd_chunked_scan(

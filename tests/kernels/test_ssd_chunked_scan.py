@@ -121,6 +121,20 @@ def test_matches_both_references(T, H, P, G, N, cu, chunk, d, bias, softplus, in
                 np.testing.assert_array_equal(np.asarray(final[s]), np.asarray(want))
 
 
+@pytest.mark.parametrize("chunk", [16, 32, 64, 128, 256])
+def test_every_power_of_two_chunk_size(chunk):
+    """Issue 15: chunk sizes 16..256. Two chunks at least, a boundary inside the first chunk
+    (7), one past the 128-token row blocks of a 256-token chunk (130), initial states."""
+    T = chunk + 44
+    cu = [0, 7, min(130, T - 1), T]
+    inp = _inputs(T, 2, 16, 1, 16, 3, seed=chunk)
+    kw = _kwargs(inp, cu, d=True, bias=True, softplus=True, init=True)
+    y, final = ssd_chunked_scan(*_xs(inp), chunk_size=chunk, **kw)
+    y_ref, f_ref = ssd_sequential_reference(*_xs(inp), **kw)
+    _close(y, y_ref, jnp.float32, "y")
+    _close(final, f_ref, jnp.float32, "final_states")
+
+
 def test_bfloat16_inputs_and_output():
     T, H, P, G, N = 100, 4, 16, 2, 16
     cu = [0, 30, 100]
@@ -453,6 +467,7 @@ def _bad(**over):
         (dict(D=jnp.zeros((5,))), r"D.shape=\(5,\) must be \[H\]"),
         (dict(dt_bias=jnp.zeros((4,), jnp.int32)), "dt_bias.dtype=int32"),
         (dict(chunk_size=48), "chunk_size=48 must be one of"),
+        (dict(chunk_size=512), r"chunk_size=512 must be one of \(16, 32, 64, 128, 256\)"),
         (dict(dt_softplus=1), "dt_softplus=1 must be a bool"),
         (dict(cu_seqlens=jnp.array([0, 6, 4, 10])), "must be non-decreasing from 0 to T=10"),
         (dict(cu_seqlens=jnp.array([0, 4, 9])), "must be non-decreasing from 0 to T=10"),
@@ -512,10 +527,10 @@ def test_lowers_for_cuda_as_triton_kernels():
 
     lowered = jax.jit(f).trace(**args).lower(lowering_platforms=("cuda",))
     text = lowered.as_text()
-    # All four phases compile as Triton kernels (phase 1a with the aliased scratch), the
-    # state passing included: no per-chunk XLA loop is left.
-    assert text.count("__gpu$xla.gpu.triton") == 4
-    for name in ("ssd_cumsum_cb", "ssd_chunk", "ssd_state_passing", "ssd_output"):
+    # Both phases compile as Triton kernels (phase 1 with the aliased scratch; phase 2 walks
+    # the chunks inside the kernel): no per-chunk XLA loop is left.
+    assert text.count("__gpu$xla.gpu.triton") == 2
+    for name in ("ssd_cumsum_cb", "ssd_scan"):
         assert name in text, name
     assert "stablehlo.while" not in text
 
