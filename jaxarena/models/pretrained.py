@@ -42,6 +42,9 @@ __all__ = ["CausalLM", "CheckpointError", "load_pretrained", "SUPPORTED_FAMILIES
 SUPPORTED_FAMILIES = ("llama", "mistral", "qwen3", "mamba2", "nemotron_h")
 _FLOAT_DTYPES = ("BF16", "F16", "F32")
 _GUARD_BYTES = 64
+# Compiled steps by (model, step, argument types), shared across CausalLM instances.
+_EXECUTABLES: dict[Any, tuple[Any, Any]] = {}
+_MAX_EXECUTABLES = 32
 
 
 # -- config -> architecture ------------------------------------------------------------------------
@@ -287,7 +290,8 @@ class CausalLM:
       fp8: whether the checkpoint's linear weights are FP8 block-quantized.
       arena_pointer: the device address of the arena buffer at load time.
       compile_seconds: seconds spent compiling, by step (`"prefill"`, `"prefill_all"`,
-        `"decode"`).
+        `"decode"`); near zero when an equal model in the process compiled it already.
+      decode_counter: counts the traces of the decode step (`jaxarena.testing`).
       last_stats: figures of the last `generate` call (tokens, seconds).
     """
 
@@ -304,6 +308,7 @@ class CausalLM:
     last_stats: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        # Counts the traces of the decode step (shared with every CausalLM of an equal model).
         self.decode_counter = count_traces(self.model.decode_step)
         self._compiled: dict[Any, Any] = {}
 
@@ -330,17 +335,32 @@ class CausalLM:
 
     def _run(self, kind: str, fn: Any, *args: Any) -> Any:
         """Runs `fn(params, arena, caches, *args)` jitted with arena and caches donated,
-        compiling once per argument shape; keeps the returned arena and caches."""
+        compiling once per argument shape; keeps the returned arena and caches.
+
+        Executables are shared by every `CausalLM` of an equal model with equal argument
+        types in the process (`_EXECUTABLES`), so loading the same checkpoint at the same
+        limits again does not compile again."""
         key = (kind, tuple(a.shape for a in args))
         if key not in self._compiled:
             t0 = time.perf_counter()
-            jitted = jax.jit(fn, donate_argnums=(1, 2))
-            self._compiled[key] = jitted.lower(self.params, self.arena, self.caches,
-                                               *args).compile()  # fmt: skip
+            leaves = jax.tree.leaves((self.params, self.arena, self.caches, args))
+            shared = (self.model, kind, jax.tree.structure((self.params, self.caches)),
+                      tuple((x.shape, str(x.dtype)) for x in leaves))  # fmt: skip
+            if shared not in _EXECUTABLES:
+                counter = count_traces(fn)
+                jitted = jax.jit(counter, donate_argnums=(1, 2))
+                compiled = jitted.lower(self.params, self.arena, self.caches, *args).compile()
+                if len(_EXECUTABLES) >= _MAX_EXECUTABLES:
+                    _EXECUTABLES.pop(next(iter(_EXECUTABLES)))
+                _EXECUTABLES[shared] = (compiled, counter)
+            self._compiled[key] = _EXECUTABLES[shared]
             self.compile_seconds[kind] = self.compile_seconds.get(kind, 0.0) + (
                 time.perf_counter() - t0
             )
-        out = self._compiled[key](self.params, self.arena, self.caches, *args)
+        compiled, counter = self._compiled[key]
+        if kind == "decode":
+            self.decode_counter = counter
+        out = compiled(self.params, self.arena, self.caches, *args)
         self.arena, self.caches = out[0], out[1]
         return out[2:]
 
@@ -443,8 +463,8 @@ class CausalLM:
         out_tokens, out_logits = [first], [logits[:b]]
         t0 = time.perf_counter()
         for _ in range(max_new_tokens - 1):
-            step_logits, nxt = self._run("decode", self.decode_counter, nxt, positions, tables,
-                                         positions + 1)  # fmt: skip
+            step_logits, nxt = self._run("decode", self.model.decode_step, nxt, positions,
+                                         tables, positions + 1)  # fmt: skip
             positions = positions + step_active
             out_tokens.append(nxt[:b])
             if return_logits:

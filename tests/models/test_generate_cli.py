@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from lm_runs import CHECKPOINTS, reference
+from lm_runs import CHECKPOINTS, LIMITS, reference
 
 from jaxarena.cli import main
 
@@ -13,8 +13,10 @@ from jaxarena.cli import main
 def test_generate_json_matches_transformers(capsys):
     ref = reference("llama")
     prompt = ref["prompts"][3]  # 16 tokens; every one of its greedy choices is decided
+    # The session's serve limits: the steps compiled for the other llama tests are reused.
+    limits = [f"--{k.replace('_', '-')}={v}" for k, v in LIMITS.items()]
     rc = main(["generate", str(CHECKPOINTS / "llama"), "--prompt-ids",
-               ",".join(map(str, prompt)), "--max-new-tokens", "4", "--json"])  # fmt: skip
+               ",".join(map(str, prompt)), "--max-new-tokens", "4", "--json", *limits])  # fmt: skip
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
     assert out["tokens"] == [ref["greedy_tokens"][3][:4].tolist()]
