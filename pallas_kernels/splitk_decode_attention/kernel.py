@@ -130,7 +130,8 @@ def _finalize(o_chunks, m, denom, sink, cfg: KernelConfig):
     """`o / l` (0 where `l == 0`) with the sink joining the denominator, and the LSE.
 
     `m` is the max the running sums are relative to (`-inf` or anything finite when `l == 0`).
-    Without a sink this is exactly `where(l > 0, o / l, 0)`.
+    Without a sink this is exactly `where(l == 0, 0, o / l)`: only an exactly empty sum (no
+    key) gives 0; a NaN sum (a NaN or infinite q, key or value) stays NaN, never a plausible 0.
     """
     if sink is not None:
         # gpt-oss: exp(sink) joins the sum; the sink has no value. Rescale to m' = max(m, sink).
@@ -139,11 +140,12 @@ def _finalize(o_chunks, m, denom, sink, cfg: KernelConfig):
         denom = denom * alpha + jnp.exp(sink - m_new)
         o_chunks = [o * alpha[:, None] for o in o_chunks]
         m = m_new
-    safe = jnp.where(denom > 0.0, denom, 1.0)
-    outs = [jnp.where((denom > 0.0)[:, None], o / safe[:, None], 0.0) for o in o_chunks]
+    empty = denom == 0.0
+    safe = jnp.where(empty, 1.0, denom)
+    outs = [jnp.where(empty[:, None], 0.0, o / safe[:, None]) for o in o_chunks]
     lse = None
     if cfg.return_lse:
-        lse = jnp.where(denom > 0.0, m + jnp.log(safe), -jnp.inf)
+        lse = jnp.where(empty, -jnp.inf, m + jnp.log(safe))
     return outs, lse
 
 

@@ -78,6 +78,8 @@ from jaxarena.workspaces import (
     splitk_slots_needed,
 )
 from jaxarena.workspaces import num_splits as _policy_num_splits
+from pallas_kernels._args import check_finite as _check_finite
+from pallas_kernels._args import check_nonempty as _check_nonempty
 from pallas_kernels._args import check_rank as _shape
 from pallas_kernels._args import is_concrete as _is_concrete
 from pallas_kernels._args import is_int as _is_int
@@ -224,6 +226,7 @@ def _validate(
       NotImplementedError: see `splitk_decode_attention`.
     """
     B, Hq, D = _shape("q", q, 3, "[batch, num_q_heads, head_dim]")
+    _check_nonempty("q", B, "batch size q.shape[0]")
     kshape = _shape("k_cache", k_cache, 4, "[num_blocks, block_size, num_kv_heads, head_dim]")
     if v_cache is None:
         if not _is_int(v_head_dim) or not 1 <= v_head_dim <= kshape[3]:
@@ -344,6 +347,7 @@ def _validate(
 
     # Values, when they are known (eager calls). Under jit the kernel clamps every length to
     # max_blocks_per_seq * block_size and every page id into [0, num_blocks).
+    _check_finite("q", q, "every output of that query head would be NaN")
     if _is_concrete(seq_lens):
         lens = np.asarray(seq_lens)
         cap = max_pages * block_size
@@ -661,6 +665,11 @@ def splitk_decode_attention(
       return_lse: also return `lse f32[B, Hq]`, natural-log log-sum-exp of the visible
         scaled (soft-capped) logits, plus `exp(sink)`; `-inf` when there is nothing to sum.
 
+    Non-finite values: keys and values past `seq_lens[b]` (or before the window) never enter
+    the arithmetic (selected away, not multiplied by 0), so stale bytes there, NaN included,
+    do not matter. A NaN or infinity in a traced q, or in a key or value the sequence does
+    attend to, gives NaN for the heads it reaches: never a plausible 0.
+
     Returns:
       `out [B, Hq, D_v]` in q's dtype; with `return_lse`, `(out, lse)`; with a workspace,
       `workspace` is appended: `(out, workspace)` or `(out, lse, workspace)`.
@@ -668,7 +677,8 @@ def splitk_decode_attention(
     Raises:
       ValueError: wrong ranks or dtypes (q not floating; tables or lengths not int32), head
         dims that differ, `Hq % Hkv != 0`, k/v caches of different page shapes or dtypes, a
-        batch size mismatch, `num_splits` outside 1..16, a workspace of the wrong shape/dtype
+        batch size mismatch or a batch of 0, a concrete q with a NaN or infinity,
+        `num_splits` outside 1..16, a workspace of the wrong shape/dtype
         or with fewer than `B * Hq * num_splits` slots (nothing is written), concrete lengths
         beyond what the block table covers or used page ids out of range, a bad `sm_scale`,
         `softcap` (<= 0), `window_size` (< 1), `sinks` shape or value, FP8 scales missing,

@@ -127,8 +127,10 @@ def paged_decode_attention_reference(
     if sinks is not None:
         p = p[..., :-1]
     out = jnp.einsum("bht,bthd->bhd", p, values, precision=_HI)
-    out = jnp.where(denom > 0, out / jnp.where(denom > 0, denom, 1.0), 0.0)
+    # Only an exactly empty sum gives 0 (and lse -inf); a NaN sum stays NaN, never 0.
+    empty, safe = denom == 0, jnp.where(denom == 0, 1.0, denom)
+    out = jnp.where(empty, 0.0, out / safe)
     if not return_lse:
         return out
-    lse = jnp.where(denom > 0, m + jnp.log(jnp.where(denom > 0, denom, 1.0)), -jnp.inf)
+    lse = jnp.where(empty, -jnp.inf, m + jnp.log(safe))
     return out, lse[..., 0]
