@@ -66,6 +66,9 @@ def _validate(
     initial_states: Any,
     cu_seqlens: Any,
     workspace: Any,
+    z: Any = None,
+    dt_limit: Any = (0.0, float("inf")),
+    state_dtype: Any = jnp.float32,
 ) -> _Dims:
     """Checks every argument of both entry points; raises before anything is traced.
 
@@ -106,11 +109,20 @@ def _validate(
     # differences of cumulative sums, -inf - -inf = NaN: every output would be NaN although
     # the math is finite. Refused when known; see the docstring for traced values.
     _check_finite_A(A)
-    for name, v in (("D", D), ("dt_bias", dt_bias)):
-        if v is not None:
-            if _shape_of(name, v) != (H,):
-                raise ValueError(f"{name}.shape={tuple(v.shape)} must be [H] = {(H,)}")
-            _check_float(name, v)
+    if dt_bias is not None:
+        if _shape_of("dt_bias", dt_bias) != (H,):
+            raise ValueError(f"dt_bias.shape={tuple(dt_bias.shape)} must be [H] = {(H,)}")
+        _check_float("dt_bias", dt_bias)
+    if D is not None:
+        if _shape_of("D", D) not in ((H,), (H, P)):
+            raise ValueError(f"D.shape={tuple(D.shape)} must be [H] = {(H,)} or [H, P] = {(H, P)}")
+        _check_float("D", D)
+    if z is not None:
+        if _shape_of("z", z) != (T, H, P):
+            raise ValueError(f"z.shape={tuple(z.shape)} must be [T, H, P] = {(T, H, P)} like x")
+        _check_float("z", z)
+    _dt_limit(dt_limit)
+    _state_dtype(state_dtype)
     if not isinstance(dt_softplus, bool):
         raise ValueError(f"{dt_softplus=} must be a bool")
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int):
@@ -193,6 +205,36 @@ def _validate(
         cb_row=cb_off // L,
         ws_rows=rows,
     )
+
+
+def _dt_limit(dt_limit: Any) -> tuple[float, float]:
+    """`dt_limit` as `(lo, hi)` floats; a `ValueError` unless it is two numbers, no NaN,
+    `lo <= hi`."""
+    ok = isinstance(dt_limit, tuple | list) and len(dt_limit) == 2
+    ok = ok and all(
+        isinstance(v, int | float | np.integer | np.floating) and not isinstance(v, bool)
+        for v in dt_limit
+    )
+    if not ok:
+        raise ValueError(f"dt_limit={dt_limit!r} must be a pair of numbers (lo, hi)")
+    lo, hi = float(dt_limit[0]), float(dt_limit[1])
+    if np.isnan(lo) or np.isnan(hi) or lo > hi:
+        raise ValueError(f"dt_limit={dt_limit!r} must satisfy lo <= hi (no NaN)")
+    return lo, hi
+
+
+def _state_dtype(state_dtype: Any) -> str:
+    """The name of a supported final-state dtype (float32, bfloat16, float16)."""
+    try:
+        dt = jnp.dtype(state_dtype)
+    except TypeError:
+        dt = None
+    if dt not in _X_DTYPES:
+        raise ValueError(
+            f"state_dtype={state_dtype!r} must be float32, bfloat16 or float16 (the dtype of "
+            "the returned final states)"
+        )
+    return dt.name
 
 
 def _check_finite_A(A: Any) -> None:

@@ -85,8 +85,11 @@ def ssd_cumsum_cb_kernel(
     dt_softplus: bool,
     block_l: int,
     block_n: int,
+    dt_min: float = 0.0,
+    dt_max: float = float("inf"),
 ):
-    """Phase 1 for one (chunk, head). Refs (blocks):
+    """Phase 1 for one (chunk, head). `dt' = clamp(softplus?(dt + bias), dt_min, dt_max)`
+    (clamped always, as mamba_ssm's fused `_chunk_cumsum_fwd`). Refs (blocks):
 
     dt `[L]` (raw), a / bias `[H]` (whole), b / c `[L, N]` (this head's group), ws_in (aliased
     to ws, unused), ws `[rows, L]` (whole, written).
@@ -101,6 +104,7 @@ def ssd_cumsum_cb_kernel(
     dt = dt_ref[...].astype(jnp.float32) + bias_ref[h]
     if dt_softplus:
         dt = _softplus(dt)
+    dt = jnp.minimum(jnp.maximum(dt, dt_min), dt_max)
     # Tokens past the end of the stream are padding: dt' = 0 keeps them out of every sum.
     dt = jnp.where(pos < num_tokens, dt, 0.0)
     dA_cs = jnp.cumsum(dt * a_ref[h])
@@ -147,6 +151,7 @@ def ssd_scan_kernel(
     ws_ref,
     d_ref,
     init_ref,
+    z_ref,
     y_ref,
     final_ref,
     *,
@@ -165,13 +170,17 @@ def ssd_scan_kernel(
     block_k: int,
     block_n: int,
     block_p: int,
+    d_per_col: bool = False,
+    has_z: bool = False,
 ):
     """Phase 2 for one (head h, block j of `block_p` head_dim columns). Refs (whole arrays):
 
     x `[Tp, H, P]`, b / c `[Tp, G, N]`, seq `[Tp]` int32 (each token's sequence), cu `[S + 1]`
     int32 (sequence starts), ws `[rows, L]` f32 (read: phase 1's dt', dA_cumsum and CB), d
-    `[H]` f32, init `[S, H, P, N]` (unused without `has_init`), y `[Tp, H, P]` (written: this
-    head's columns), final `[S, H, P, N]` f32 (written: this head's columns).
+    `[H]` f32 (`[H, P]` with `d_per_col`), init `[S, H, P, N]` (unused without `has_init`),
+    z `[Tp, H, P]` (unused without `has_z`: `y = (... + D x) * silu(z)`), y `[Tp, H, P]`
+    (written: this head's columns), final `[S, H, P, N]` in the final states' dtype (written:
+    this head's columns, rounded once from f32).
 
     Per chunk `c` (tokens `t0 = c * L ...`), with `s0` / `s_last` the sequences of its first
     and last token: `h_in = (cu[s0] < t0) ? h_run : init[s0]` is the state of `s0` before the
@@ -200,12 +209,12 @@ def ssd_scan_kernel(
         @pl.when(cu_ref[s] == cu_ref[s + 1])
         def _store():
             for n, v in enumerate(init_of(s)):
-                final_ref[s, h, pcols, ncols[n]] = v
+                final_ref[s, h, pcols, ncols[n]] = v.astype(final_ref.dtype)
 
         return carry
 
     jax.lax.fori_loop(0, num_seqs, empty_body, 0)
-    d_h = d_ref[h]
+    d_h = d_ref[h, pcols][None, :] if d_per_col else d_ref[h]
 
     def chunk_body(c, h_run):
         t0 = c * L
@@ -264,6 +273,9 @@ def ssd_scan_kernel(
                 acc = jax.lax.fori_loop(s0 + 1, s_last + 1, inner, acc)
             if has_d:
                 acc = acc + d_h * x_ref[rows, h, pcols].astype(f32)
+            if has_z:
+                zv = z_ref[rows, h, pcols].astype(f32)
+                acc = acc * (zv / (1.0 + jnp.exp(-zv)))  # silu(z)
             y_ref[rows, h, pcols] = acc.astype(y_ref.dtype)
             return carry
 
@@ -303,7 +315,7 @@ def ssd_scan_kernel(
             @pl.when((end_tok > start_tok) & (end_tok <= t0 + L))
             def _store():
                 for n, v in enumerate(state):
-                    final_ref[s, h, pcols, ncols[n]] = v
+                    final_ref[s, h, pcols, ncols[n]] = v.astype(final_ref.dtype)
 
             return tuple(jnp.where(s == s_last, a, b) for a, b in zip(state, h_next, strict=True))
 

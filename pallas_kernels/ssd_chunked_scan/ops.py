@@ -44,7 +44,9 @@ from pallas_kernels.ssd_chunked_scan._checks import (
     SUPPORTED_CHUNK_SIZES,
     _as_cu,
     _Dims,
+    _dt_limit,
     _per_chunk_floats,
+    _state_dtype,
     _validate,
 )
 from pallas_kernels.ssd_chunked_scan.kernel import ssd_cumsum_cb_kernel, ssd_scan_kernel
@@ -76,8 +78,11 @@ def _pad_to(v: jax.Array, shape: tuple[int, ...]) -> jax.Array:
 
 
 @functools.partial(
-    jax.jit, static_argnames=("dims", "dt_softplus", "has_d", "has_init", "interpret")
-)
+    jax.jit,
+    static_argnames=(
+        "dims", "dt_softplus", "has_d", "has_init", "interpret", "dt_limit", "state_dtype"
+    ),
+)  # fmt: skip
 def _ssd_impl(
     x,
     dt,
@@ -89,12 +94,15 @@ def _ssd_impl(
     initial_states,
     cu_seqlens,
     ws2d,
+    z=None,
     *,
     dims: _Dims,
     dt_softplus: bool,
     has_d: bool,
     has_init: bool,
     interpret: bool,
+    dt_limit: tuple[float, float] = (0.0, float("inf")),
+    state_dtype: str = "float32",
 ):
     T, H, P = dims.num_tokens, dims.num_heads, dims.head_dim
     G, N, S = dims.num_groups, dims.state_dim, dims.num_seqs
@@ -112,6 +120,11 @@ def _ssd_impl(
     A32 = A.astype(f32)
     bias = jnp.zeros((H,), f32) if dt_bias is None else dt_bias.astype(f32)
     D32 = jnp.zeros((H,), f32) if D is None else D.astype(f32)
+    d_per_col = D is not None and D.ndim == 2
+    if d_per_col:
+        D32 = _pad_to(D32, (H, Pp))
+    has_z = z is not None
+    zp = _pad_to(z, (Tp, H, Pp)) if has_z else jnp.zeros((1,), f32)  # never read without z
     cu = cu_seqlens.astype(jnp.int32)
 
     # Sequence of each token: the last s with cu[s] <= t, which skips empty sequences.
@@ -142,6 +155,8 @@ def _ssd_impl(
             dt_softplus=dt_softplus,
             block_l=bl,
             block_n=bn,
+            dt_min=dt_limit[0],
+            dt_max=dt_limit[1],
         ),
         grid=(nc, H),
         in_specs=[
@@ -177,18 +192,20 @@ def _ssd_impl(
             block_k=bk,
             block_n=bn,
             block_p=bp,
+            d_per_col=d_per_col,
+            has_z=has_z,
         ),
         grid=(H, Pp // bp),
-        in_specs=[whole] * 8,
+        in_specs=[whole] * 9,
         out_specs=[whole, whole],
         out_shape=[
             jax.ShapeDtypeStruct((Tp, H, Pp), x.dtype),
-            jax.ShapeDtypeStruct((S, H, Pp, Np), f32),
+            jax.ShapeDtypeStruct((S, H, Pp, Np), jnp.dtype(state_dtype)),
         ],
         compiler_params=params,
         interpret=interpret,
         name="ssd_scan",
-    )(xp, Bp, Cp, seq, cu, ws2d, D32, init)
+    )(xp, Bp, Cp, seq, cu, ws2d, D32, init, zp)
     if (Tp, Pp) != (T, P):
         y = y[:T, :, :P]
     if (Pp, Np) != (P, N):
@@ -212,6 +229,9 @@ def ssd_chunked_scan(
     cu_seqlens: jax.Array | None = None,
     workspace: jax.Array | None = None,
     interpret: bool | None = None,
+    z: jax.Array | None = None,
+    dt_limit: tuple[float, float] = (0.0, float("inf")),
+    state_dtype: Any = jnp.float32,
 ) -> tuple[jax.Array, jax.Array] | tuple[jax.Array, jax.Array, jax.Array]:
     """Mamba-2 SSD scan of a packed token stream, chunked (mamba_ssm's `ssd_combined`).
 
@@ -228,9 +248,20 @@ def ssd_chunked_scan(
         ValueError; a traced one gives NaN outputs.
       B, C: `[T, G, N]` float; head `h` uses group `h // (H // G)`; `H % G == 0`.
       chunk_size: tokens per chunk, one of `SUPPORTED_CHUNK_SIZES`; 64 with a workspace.
-      D: optional `[H]` skip term, `y += D x`.
+      D: optional `[H]` or `[H, P]` skip term, `y += D x`.
       dt_bias: optional `[H]`.
       dt_softplus: apply softplus to `dt + dt_bias`.
+      z: optional `[T, H, P]` float gate: `y = (h C + D x) * silu(z)`, as mamba_ssm's
+        `mamba_chunk_scan_combined(z=...)`. The gated RMSNorm of a Mamba-2 block is NOT in the
+        kernel: mamba_ssm's / transformers' `norm_before_gate=False` (the Mamba-2 default) is
+        `rmsnorm(y * silu(z))` = pass `z` here, then a plain (grouped) RMSNorm;
+        `norm_before_gate=True` is `rmsnorm(y) * silu(z)` = leave `z=None` and gate after
+        the norm.
+      dt_limit: `(lo, hi)`, `lo <= hi`: `dt'` is clamped to it after the softplus, always
+        (mamba_ssm's fused path); with the default `(0, inf)` a negative `dt'` (possible only
+        without softplus) becomes 0.
+      state_dtype: dtype of the returned final states (float32, bfloat16 or float16): the f32
+        states rounded once in the kernel.
       initial_states: optional `[S, H, P, N]` float, the state before each sequence's first
         token (zeros if absent).
       cu_seqlens: optional integer `[S + 1]` (an array or a list of ints); sequence `s` is
@@ -260,7 +291,7 @@ def ssd_chunked_scan(
     notes.) Padding tokens are zeros made here, never stale bytes.
 
     Returns:
-      `(y [T, H, P] in x.dtype, final_states [S, H, P, N] float32)`, plus the updated
+      `(y [T, H, P] in x.dtype, final_states [S, H, P, N] in state_dtype)`, plus the updated
       workspace (same shape, float32) when one was passed.
 
     Raises:
@@ -283,6 +314,9 @@ def ssd_chunked_scan(
         initial_states=initial_states,
         cu_seqlens=cu_seqlens,
         workspace=workspace,
+        z=z,
+        dt_limit=dt_limit,
+        state_dtype=state_dtype,
     )
     if cu_seqlens is None:
         cu_seqlens = jnp.array([0, dims.num_tokens], jnp.int32)
@@ -301,11 +335,14 @@ def ssd_chunked_scan(
         initial_states,
         cu_seqlens,
         ws2d,
+        z,
         dims=dims,
         dt_softplus=dt_softplus,
         has_d=D is not None,
         has_init=initial_states is not None,
         interpret=resolve_interpret(interpret),
+        dt_limit=_dt_limit(dt_limit),
+        state_dtype=_state_dtype(state_dtype),
     )
     if workspace is None:
         return y, final
@@ -327,6 +364,9 @@ def ssd_chunked_scan_into(
     initial_states: jax.Array | None = None,
     cu_seqlens: jax.Array | None = None,
     interpret: bool | None = None,
+    z: jax.Array | None = None,
+    dt_limit: tuple[float, float] = (0.0, float("inf")),
+    state_dtype: Any = jnp.float32,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """`ssd_chunked_scan` with its scratch in the arena's `ssd_scratch` region, in place.
 
@@ -349,12 +389,13 @@ def ssd_chunked_scan_into(
         (`donate_argnums`) so the update is in place (without donation XLA copies the arena
         once); use the returned arena afterwards.
       plan: the `jaxarena.ArenaPlan` of `arena`.
-      x, dt, A, B, C, D, dt_bias, dt_softplus, initial_states, cu_seqlens, interpret: as for
-        `ssd_chunked_scan` (the chunk length is the scratch's, 64).
+      x, dt, A, B, C, D, dt_bias, dt_softplus, initial_states, cu_seqlens, interpret, z,
+        dt_limit, state_dtype: as for `ssd_chunked_scan` (the chunk length is the scratch's,
+        64).
 
     Returns:
-      `(arena, y [T, H, P] in x.dtype, final_states [S, H, P, N] float32)`. The returned arena
-      replaces the one passed.
+      `(arena, y [T, H, P] in x.dtype, final_states [S, H, P, N] in state_dtype)`. The
+      returned arena replaces the one passed.
 
     Raises:
       ArenaError (a ValueError): an arena that is not the plan's `uint8` array, a region too
@@ -377,6 +418,9 @@ def ssd_chunked_scan_into(
         dt_softplus=dt_softplus,
         initial_states=initial_states,
         cu_seqlens=cu_seqlens,
+        z=z,
+        dt_limit=dt_limit,
+        state_dtype=state_dtype,
     )
     dims = _validate(x, dt, A, B, C, **args, workspace=None)
     per_chunk = _per_chunk_floats(dims.num_heads, dims.num_groups)
@@ -418,11 +462,14 @@ def ssd_chunked_scan_into(
         initial_states,
         cu_seqlens,
         ws2d,
+        z,
         dims=dims,
         dt_softplus=dt_softplus,
         has_d=D is not None,
         has_init=initial_states is not None,
         interpret=resolve_interpret(interpret),
+        dt_limit=_dt_limit(dt_limit),
+        state_dtype=_state_dtype(state_dtype),
     )
     arena = jax.lax.bitcast_convert_type(ws2d, jnp.uint8).reshape(plan.arena_shape)
     return arena, y, final
