@@ -271,7 +271,7 @@ def test_allocate_never_aborts_in_a_subprocess():
         from hypothesis import given, settings, strategies as st
         from jaxarena import ArenaError, ArenaPlan
 
-        @settings(max_examples=60, deadline=None, derandomize=True)
+        @settings(max_examples=30, deadline=None, derandomize=True)
         @given(st.one_of(st.integers(1, 1 << 16), st.integers((1 << 39) + 1, 1 << 80)))
         def run(n):
             plan = ArenaPlan.sequential({"a": n})
