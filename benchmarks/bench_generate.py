@@ -23,11 +23,14 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from jaxarena._units import format_bytes
 from jaxarena.models import load_pretrained
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "checkpoints"
 LARGEST = "qwen3_fp8"  # by file bytes (see tests/fixtures/checkpoints/README.md)
+
+
+def format_bytes(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB" if n >= 2**20 else f"{n / 2**10:.2f} KiB"
 
 
 def main(argv: list[str] | None = None) -> int:

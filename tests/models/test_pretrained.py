@@ -40,8 +40,14 @@ import numpy as np
 import pytest
 from lm_runs import CHECKPOINTS, LIMITS, NEW_TOKENS, reference
 
-from jaxarena._sizing.weights import weight_bytes
+from jaxarena import MemoryBudget
 from jaxarena.models import load_pretrained
+
+
+def weight_bytes(config, weights: str) -> int:
+    """The memory budget's weight bytes for `config` (serve limits do not enter them)."""
+    return MemoryBudget(config=config, memory_bytes="1TB", weights=weights).weight_bytes
+
 
 BF16_FAMILIES = ("llama", "qwen3", "mamba2", "nemotron_h")
 U_BF16 = 2.0**-9
