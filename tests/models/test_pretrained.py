@@ -267,3 +267,27 @@ def test_one_model_implementation():
     for name in ("prefill", "decode_step", "_mlp", "_qkv", "_linear"):
         assert name not in HybridModel.__dict__, name
     assert CausalLM.__dataclass_fields__["model"].type in ("ArenaLM", ArenaLM)
+
+
+def test_mistral_reads_the_llama_layout(runs, tmp_path):
+    """`mistral` checkpoints have Llama's tensor names and blocks: the llama fixture's weights
+    under a mistral config (no sliding window, as from Mistral-7B-v0.2 on) give the same
+    logits, from the executables compiled for llama (the models are equal)."""
+    import json
+    import shutil
+
+    d = tmp_path / "mistral"
+    shutil.copytree(CHECKPOINTS / "llama", d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg.update(model_type="mistral", architectures=["MistralForCausalLM"], sliding_window=None)
+    (d / "config.json").write_text(json.dumps(cfg))
+    mistral = load_pretrained(d, **LIMITS)
+    assert mistral.model_type == "mistral" and mistral.model == runs.lm("llama").model
+    prompt = reference("llama")["prompts"][2]
+    np.testing.assert_array_equal(
+        mistral.prefill_logits(prompt), runs.lm("llama").prefill_logits(prompt)
+    )
+    cfg.update(sliding_window=16)  # a window shorter than max_seq_len is not implemented
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(NotImplementedError, match="sliding_window=16 < max_seq_len=32"):
+        load_pretrained(d, **LIMITS)
