@@ -31,12 +31,14 @@ from jaxarena import (
     BufferSizes,
     ConfigError,
     Levers,
+    Lifetimes,
     MemoryBudget,
     ModelConfig,
     Region,
     ServeLimits,
     Target,
     parse_memory,
+    record_lifetimes,
 )
 from jaxarena._config.schema import INT_MAXIMA
 from jaxarena.cli import main
@@ -288,6 +290,34 @@ def test_allocate_never_aborts_in_a_subprocess():
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stderr[-3000:])
+
+
+@settings(FAST, max_examples=100)
+@given(
+    live=st.dictionaries(HASHABLE, st.one_of(
+        st.lists(st.tuples(st.sampled_from(["decode", "prefill", ""]), INTS, INTS), max_size=3),
+        ANY), max_size=3),
+    steps=st.one_of(st.none(), st.dictionaries(HASHABLE, INTS, max_size=2), ANY),
+    events=st.one_of(st.lists(st.tuples(st.sampled_from(["view", "write", "read"]),
+                                        st.sampled_from(["a", "b"])), max_size=6), ANY),
+    mode=st.one_of(st.just("decode"), ANY),
+)  # fmt: skip
+def test_lifetimes(live, steps, events, mode):
+    lt = _check(lambda: Lifetimes(live, num_steps=steps), ArenaError)
+    if lt is not None:
+        _check(lambda: lt.peak({"a": 64, "b": 32}), ArenaError)
+    lt = _check(lambda: Lifetimes.from_events(events, mode=mode), ArenaError)
+    if lt is not None:
+        plan = _check(lambda: ArenaPlan.packed({"a": 64, "b": 32}, lt), ArenaError)
+        if plan is not None:
+            plan.validate()
+
+
+def test_record_lifetimes_and_replace_refuse_wrong_arguments():
+    with pytest.raises(ArenaError, match="fn must be the step function"):
+        record_lifetimes(5)
+    with pytest.raises(ConfigError, match=r"no field\(s\) \['bogus'\]"):
+        TINY.replace(bogus=1)
 
 
 # -- the kernels' argument checks (before tracing: no compile) ------------------------------

@@ -347,6 +347,18 @@ class Lifetimes:
         """
         if not isinstance(mode, str) or not mode:
             raise ArenaError(f"mode={mode!r} must be a non-empty str")
+        if isinstance(events, str | bytes) or not isinstance(events, Iterable):
+            raise ArenaError(f"events={events!r:.80} must be a sequence of (kind, name) pairs")
+        events = list(events)
+        bad = [e for e in events if not (isinstance(e, tuple) and len(e) == 2
+                                         and isinstance(e[1], str))]  # fmt: skip
+        if bad:
+            raise ArenaError(
+                f"events must be (kind, region name) pairs of strs; got {bad[0]!r:.80} "
+                f"({len(bad)} bad)"
+            )
+        if isinstance(live_out, str) or not all(isinstance(n, str) for n in live_out):
+            raise ArenaError(f"live_out={live_out!r:.80} must be an iterable of region names")
         live_out = frozenset(live_out)
         n = max(len(events), 1)
         opened: dict[str, int] = {}

@@ -17,6 +17,7 @@ from typing import Any
 import jax
 
 from jaxarena._arena.lifetimes import Lifetimes
+from jaxarena._errors import ArenaError
 
 # Listeners are per thread: JAX traces in the calling thread, so a view or write traced in one
 # thread belongs to that thread's recordings only. (One list for the process made two
@@ -82,6 +83,11 @@ def record_lifetimes(
       `Lifetimes` with the single mode `mode`. Regions `fn` never touches are not named, so a
       plan treats them as live always.
     """
+    if not callable(fn):
+        raise ArenaError(
+            f"fn must be the step function (callable), got {type(fn).__name__}; bind the plan "
+            "and static arguments with functools.partial"
+        )
     events: list[tuple[str, str]] = []
     with listening(lambda kind, name: events.append((kind, name))), jax.disable_jit():
         jax.make_jaxpr(fn)(*args)

@@ -285,7 +285,15 @@ class ModelConfig:
         return self.num_experts // ep
 
     def replace(self, **changes: Any) -> ModelConfig:
-        """Returns a copy with `changes` applied (validated like a new config)."""
+        """Returns a copy with `changes` applied (validated like a new config).
+
+        Raises:
+          ConfigError: a name that is not a field, or a value the config refuses.
+        """
+        fields = {f.name for f in dataclasses.fields(self) if f.init}
+        unknown = sorted(set(changes) - fields)
+        if unknown:
+            raise ConfigError(f"ModelConfig has no field(s) {unknown}; fields: {sorted(fields)}")
         return dataclasses.replace(self, **changes)
 
     # -- derived quantities of the seed (spec §11) --------------------------------------------
