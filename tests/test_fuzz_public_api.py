@@ -86,7 +86,7 @@ def _check(fn, *types: type[BaseException]):
 # -- config --------------------------------------------------------------------------------
 
 
-@settings(FAST, max_examples=150)
+@settings(FAST, max_examples=100)
 @given(
     fields=st.dictionaries(st.sampled_from(FIELDS), ANY, max_size=6),
     hidden=st.one_of(st.integers(1, 4096), ANY),
@@ -124,7 +124,7 @@ JSON = st.recursive(
 )
 
 
-@settings(FAST, max_examples=150)
+@settings(FAST, max_examples=100)
 @given(data=st.dictionaries(JSON_KEYS, JSON, max_size=8))
 def test_from_hf_accepts_or_raises_config_error(data):
     _check(lambda: ModelConfig.from_hf(data), ConfigError)
@@ -146,7 +146,7 @@ TINY = ModelConfig.preset("tiny-hybrid")
 LIMIT = st.one_of(st.integers(-4, 1 << 20), HUGE, ANY)
 
 
-@settings(FAST, max_examples=150)
+@settings(FAST, max_examples=100)
 @given(
     limits=st.lists(LIMIT, min_size=4, max_size=4),
     target=st.one_of(st.none(), st.just(Target.preset("gb10")), ANY),
@@ -163,7 +163,7 @@ def test_buffer_sizes_accept_or_raise_config_error(limits, target, levers):
                "kv_block_size", "max_batch_size"), limits, strict=True))), ConfigError)  # fmt: skip
 
 
-@settings(FAST, max_examples=150)
+@settings(FAST, max_examples=100)
 @given(
     memory=st.one_of(st.text(max_size=12), st.integers(-(2**70), 2**70), HUGE, ANY),
     kw=st.dictionaries(
