@@ -297,15 +297,17 @@ def test_inplace_fp8_rejects_unaligned_k():
 _ADDPTR = re.compile(r"tt\.addptr %\S+, %\S+ : tensor<[^>]*!tt\.ptr<i32>>, tensor<[\dx]+(i\d+)>")
 
 
-@pytest.mark.parametrize("filler_gib", [3, 5])
-def test_inplace_fp8_offsets_past_2gib(filler_gib, capfd):
+@pytest.mark.parametrize("filler_gib, variant", [(3, "plain"), (5, "plain"), (3, "fused_packed")])
+def test_inplace_fp8_offsets_past_2gib(filler_gib, variant, capfd):
     """Regions past 2^31 bytes: the Triton IR addresses the arena in 4-byte words, with int32
     offsets only while the arena has fewer than 2^31 words, 64-bit beyond.
 
     Pallas picks int32 element offsets for arrays up to 2^32 BYTES, and Triton adds them to
     pointers as signed values: a byte view of a 3 GiB arena would reach bytes past 2^31 through
     negative offsets. A word view of the same arena has at most 2^30 words, and a 5 GiB arena
-    gets 64-bit offsets. Lowering only (nothing allocated; no GPU needed).
+    gets 64-bit offsets. Lowering only (nothing allocated; no GPU needed). `fused_packed`:
+    the SiLU-and-mul kernel (two input pointers) and the UE8M0 packing pass (reads and writes
+    the arena words).
     """
     if _unavailable("h200") is not None:
         pytest.skip(f"no compile-only h200: {_unavailable('h200')}")
@@ -315,10 +317,12 @@ def test_inplace_fp8_offsets_past_2gib(filler_gib, capfd):
                     ("fp8_act", "fp8_act_scale", "fp8_act_scale_kmajor"))  # fmt: skip
     assert min(offsets) >= 2**31
     arena, x = gpu_aot.on_gpu((S(plan.arena_shape, U8), S((m, k), BF16)))
+    fused = variant == "fused_packed"
     fn = jax.jit(functools.partial(quantize_inplace, offsets=offsets, rows=m, block_size=128,
-                                   scale_format="f32", interpret=False, debug=True))  # fmt: skip
+                                   scale_format="ue8m0" if fused else "f32", packed=fused,
+                                   interpret=False, debug=True))  # fmt: skip
     with gpu_aot.abstract_gpu("h200"):
-        fn.trace(arena, x).lower()
+        (fn.trace(arena, x, x) if fused else fn.trace(arena, x)).lower()
     ir = capfd.readouterr().out
     pointee = set(re.findall(r"tt\.addptr [^:]*: tensor<[^>]*!tt\.ptr<(\w+)>>", ir))
     assert pointee == {"bf16", "i32"}, pointee  # x, and the arena as words (no byte pointer)
