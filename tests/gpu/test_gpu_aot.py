@@ -11,7 +11,9 @@ the CUDA plugin cannot make a compile-only device.
 from __future__ import annotations
 
 import functools
+import os
 import re
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -35,11 +37,25 @@ MIB, KIB = 1 << 20, 1 << 10
 
 
 @functools.cache
-def _unavailable(target: str) -> str | None:
+def _no_device(target: str) -> str | None:
+    """Why the CUDA plugin cannot make a compile-only `target` here (None when it can)."""
     try:
         gpu_aot.gpu_device(target)
     except gpu_aot.GpuUnavailable as e:
         return e.reason
+    return None
+
+
+@functools.cache
+def _unavailable(target: str) -> str | None:
+    """Why no compile for `target` can happen here (None when it can): no compile-only device,
+    or no ptxas (XLA needs it to turn PTX into SASS; lowering alone does not)."""
+    if (reason := _no_device(target)) is not None:
+        return reason
+    root = os.environ.get("CUDA_ROOT", "")
+    if shutil.which("ptxas") is None and not os.path.exists(os.path.join(root, "bin", "ptxas")):
+        return ("no ptxas on PATH nor in $CUDA_ROOT/bin: install CUDA 12.8+/13's ptxas, or "
+                "pip install nvidia-cuda-nvcc and point CUDA_ROOT at it")  # fmt: skip
     return None
 
 
@@ -309,8 +325,8 @@ def test_inplace_fp8_offsets_past_2gib(filler_gib, variant, capfd):
     the SiLU-and-mul kernel (two input pointers) and the UE8M0 packing pass (reads and writes
     the arena words).
     """
-    if _unavailable("h200") is not None:
-        pytest.skip(f"no compile-only h200: {_unavailable('h200')}")
+    if _no_device("h200") is not None:
+        pytest.skip(f"no compile-only h200: {_no_device('h200')}")
     m, k = 64, 512
     plan = _fp8_plan(m, k, filler=filler_gib << 30)
     offsets = tuple(plan.regions[n].offset_bytes for n in
