@@ -60,8 +60,9 @@ def _close(got, want, dtype, what):
     )
 
 
-# A boundary inside a chunk (30), one on a chunk edge (64), an empty sequence (64:64).
-CU = [0, 30, 64, 64, 100]
+# With 32-token chunks: a boundary inside a chunk (20), one on a chunk edge (32), an empty
+# sequence (32:32), a last sequence over two chunk edges.
+CU = [0, 20, 32, 32, 80]
 
 
 @pytest.mark.parametrize(
@@ -69,12 +70,11 @@ CU = [0, 30, 64, 64, 100]
     [
         (F32, "HP", True, (0.3, 1.2)),
         (F32, "H", True, (0.0, float("inf"))),
-        (F32, "HP", False, (0.0, 0.5)),
         (BF16, "HP", True, (0.3, 1.2)),
     ],
 )
 def test_options_match_both_references(dtype, d, gate, limit):
-    T, H, P, G, N, chunk = 100, 4, 16, 2, 16, 32
+    T, H, P, G, N, chunk = 80, 2, 16, 1, 16, 32
     S = len(CU) - 1
     inp = _inputs(T, H, P, G, N, S, seed=11, dtype=dtype)
     kw = dict(
@@ -119,15 +119,17 @@ def test_default_limit_clamps_negative_dt_to_zero():
     _close(y, y_ref, F32, "y")
 
 
-@pytest.mark.parametrize("state_dtype", [BF16, jnp.float16])
+@pytest.mark.parametrize("state_dtype", [BF16])
 def test_state_dtype_rounds_the_f32_final_states(state_dtype):
     """The final states come out in `state_dtype`: the f32 states rounded once (bit for bit
-    the f32 call's result cast), the empty sequence's initial state included."""
-    T, H, P, G, N = 100, 2, 16, 2, 16
+    the f32 call's result cast), the empty sequence's initial state included. (The shapes and
+    options of the first case above: its f32 compile is reused.)"""
+    T, H, P, G, N = 80, 2, 16, 1, 16
     S = len(CU) - 1
     inp = _inputs(T, H, P, G, N, S, seed=7)
-    kw = dict(dt_softplus=True, initial_states=inp["initial_states"], cu_seqlens=CU,
-              z=inp["z"], D=inp["D2"])  # fmt: skip
+    kw = dict(D=inp["D2"], dt_bias=inp["dt_bias"], dt_softplus=True, z=inp["z"],
+              initial_states=inp["initial_states"], cu_seqlens=jnp.asarray(CU, jnp.int32),
+              dt_limit=(0.3, 1.2))  # fmt: skip
     y32, f32 = ssd_chunked_scan(*_xs(inp), chunk_size=32, **kw)
     y, f = ssd_chunked_scan(*_xs(inp), chunk_size=32, state_dtype=state_dtype, **kw)
     assert f.dtype == state_dtype and f.shape == (S, H, P, N)
@@ -164,8 +166,9 @@ def test_arena_form_takes_every_option():
     plan = _mamba_plan()
     region = plan.regions["ssd_scratch"]
     before = random_arena(plan, seed=3)
-    cu = [0, 20, M_MAX]
-    inp = _inputs(M_MAX, AH, AP, AG, AN, 2, seed=3)
+    T = 40
+    cu = [0, 20, T]
+    inp = _inputs(T, AH, AP, AG, AN, 2, seed=3)
     kw = dict(D=inp["D2"], z=inp["z"], dt_bias=inp["dt_bias"], dt_softplus=True,
               dt_limit=(0.2, 1.0), initial_states=inp["initial_states"],
               cu_seqlens=jnp.asarray(cu, jnp.int32))  # fmt: skip
