@@ -108,7 +108,9 @@ class KernelConfig:
     out_dtype: str = "float32"
     return_lse: bool = False
     count_pages: bool = False
-    dst_is_input: bool = False  # the destination is also an input (aliased): skip that ref
+    # The destination is also an input (aliased), passed after the other inputs: skip that
+    # ref (attention pass), or after src (combine pass, when src is not the destination).
+    dst_is_input: bool = False
     # Where things go (None: not written by this call).
     ws: Place | None = None  # partial slots, rows of (d_v + 2) words
     out: Place | None = None  # output rows of d_v * itemsize / 4 words, row b * Hq + h
@@ -340,12 +342,15 @@ def splitk_combine_kernel(*refs, cfg: KernelConfig):
     """One `(b, kv, j)` program of the combine pass.
 
     Refs, in order: sinks `f32[Hq]` (with `sinks`); src `uint32[rows, width]` holding the
-    partials at `cfg.ws`; then the outputs: dst `uint32[rows', width']` (the same buffer as
-    src in the arena form, aliased) and lse `f32[B, Hq]` (with `return_lse`).
+    partials at `cfg.ws`; dst_in (with `dst_is_input`: a separate destination, aliased); then
+    the outputs: dst `uint32[rows', width']` (in the arena form the same buffer as src,
+    aliased, unless dst_in is given) and lse `f32[B, Hq]` (with `return_lse`).
     """
     refs = list(refs)
     sinks_ref = refs.pop(0) if cfg.sinks else None
     src_ref = refs.pop(0)  # in the arena form the aliased arena: read through the input ref
+    if cfg.dst_is_input:
+        refs.pop(0)  # dst_in: a separate destination aliased to dst (interpreted arena windows)
     dst_ref = refs.pop(0)
     lse_ref = refs.pop(0) if cfg.return_lse else None
     assert not refs, refs

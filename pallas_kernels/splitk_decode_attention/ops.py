@@ -433,6 +433,18 @@ def _words(x: jax.Array) -> jax.Array:
     return lax.bitcast_convert_type(x.reshape(x.shape[0], _WORDS_PER_ROW, 4), jnp.uint32)
 
 
+def _window(arena: jax.Array, span: tuple[int, int]) -> jax.Array:
+    """Rows `[span[0], span[1])` of the uint8 arena as uint32 words (sliced as bytes first: on
+    CPU a bitcast of the whole arena is a copy)."""
+    return _words(lax.slice(arena, (span[0], 0), (span[1], _ROW_BYTES)))
+
+
+def _bytes(words: jax.Array, shape: tuple[int, ...] | None) -> jax.Array:
+    """uint32 `[rows, 64]` -> uint8 `[rows, 256]` (or `shape`); an XLA bitcast on the GPU."""
+    out = lax.bitcast_convert_type(words, jnp.uint8)
+    return out.reshape((words.shape[0], _ROW_BYTES) if shape is None else shape)
+
+
 def _from_words(words: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.Array:
     """uint32 words -> `dtype[shape]` (an XLA bitcast and reshape)."""
     return lax.bitcast_convert_type(words, jnp.dtype(dtype)).reshape(shape)
@@ -483,15 +495,40 @@ def _decode(
     arena_form = arena_offsets is not None
     split = num_splits > 1
 
+    # Operands: `att` receives the attention pass's stores (partials, or with one split the
+    # output); the combine reads the partials from `src` and stores the output into `dst`.
+    windows = None  # interpret-mode row windows of the arena: [(first row, rows), ...]
     if arena_form:
-        dst = _words(buf)
         ws_place, out_place = (_place(off) for off in arena_offsets)
+        if not interpret:
+            att = src = dst = _words(buf)  # an XLA bitcast on the GPU
+        else:
+            # The Pallas interpreter carries an aliased operand twice through its grid loop
+            # (as input and as output), so the whole arena would be copied once on CPU. There
+            # the kernels get only the rows their stores touch (sliced out, written back); the
+            # addressing is the same, relative to the window's first row.
+            used = (
+                splitk_slots_needed(B, Hq, num_splits) * (d_v + 2) * 4,
+                B * Hq * d_v * itemsize,
+            )
+            spans = [
+                (off // _ROW_BYTES, -(-(off + n) // _ROW_BYTES)) if n else None
+                for off, n in zip(arena_offsets, used, strict=True)
+            ]
+            if spans[0] is not None and spans[0][0] < spans[1][1] and spans[1][0] < spans[0][1]:
+                spans = [(min(spans[0][0], spans[1][0]), max(spans[0][1], spans[1][1]))] * 2
+            ws_place, out_place = (
+                Place(p.row0 - sp[0], p.col0, p.width) if sp else p
+                for p, sp in zip((ws_place, out_place), spans, strict=True)
+            )
+            windows = spans
+            att = _window(buf, spans[0] if split else spans[1])
     else:
         out_place = Place(0, 0, out_row_words)
         ws_place = Place(0, 0, d_v + 2)
         if split:
             ws = buf if buf is not None else jnp.zeros((B * Hq * num_splits, d_v + 2), jnp.float32)
-            dst = lax.bitcast_convert_type(ws, jnp.uint32)
+            att = src = lax.bitcast_convert_type(ws, jnp.uint32)
     out_words_shape = jax.ShapeDtypeStruct((B * Hq, out_row_words), jnp.uint32)
     lse_shape = jax.ShapeDtypeStruct((B, Hq), jnp.float32)
     cfg = KernelConfig(
@@ -524,11 +561,11 @@ def _decode(
     if sinks is not None:
         inputs.append(sinks)
     in_place = split or arena_form
-    outs = [jax.ShapeDtypeStruct(dst.shape, jnp.uint32) if in_place else out_words_shape]
+    outs = [jax.ShapeDtypeStruct(att.shape, jnp.uint32) if in_place else out_words_shape]
     aliases = {}
     if in_place:
         aliases = {len(inputs): 0}
-        inputs.append(dst)
+        inputs.append(att)
     lse_here = return_lse and not split
     if lse_here:
         outs.append(lse_shape)
@@ -551,17 +588,28 @@ def _decode(
         debug=debug,
     )(*inputs)
     results = list(results)
-    dst = results.pop(0)
+    att = results.pop(0)
     lse = results.pop(0) if lse_here else None
     pages = results.pop(0) if count_pages else None
 
     if split:
-        inputs = ([] if sinks is None else [sinks]) + [dst]
+        # Arena form: dst is src (the whole arena, or one window) unless the interpreter got
+        # two windows; then dst follows src as a second, aliased input.
+        src = dst = att
+        two = arena_form and windows is not None and windows[0] != windows[1]
+        if two:
+            # The partials' window goes back first; the output window is then read from the
+            # updated arena, so no older arena version stays alive (XLA would copy it).
+            buf = lax.dynamic_update_slice(buf, _bytes(att, None), (windows[0][0], 0))
+            dst = _window(buf, windows[1])
+        inputs = ([] if sinks is None else [sinks]) + [src] + ([dst] if two else [])
         outs = [jax.ShapeDtypeStruct(dst.shape, jnp.uint32) if arena_form else out_words_shape]
         if return_lse:
             outs.append(lse_shape)
         results = pl.pallas_call(
-            functools.partial(splitk_combine_kernel, cfg=cfg),
+            functools.partial(
+                splitk_combine_kernel, cfg=dataclasses.replace(cfg, dst_is_input=two)
+            ),  # fmt: skip
             grid=(B, Hkv, num_head_blocks),
             in_specs=[any_spec] * len(inputs),
             out_specs=[any_spec] * len(outs),
@@ -573,14 +621,17 @@ def _decode(
             debug=debug,
         )(*inputs)
         if not arena_form:
-            buf = None if buf is None else lax.bitcast_convert_type(dst, jnp.float32)
+            buf = None if buf is None else lax.bitcast_convert_type(att, jnp.float32)
         dst = results[0]
         lse = results[1] if return_lse else None
-    if arena_form:
-        out = lax.bitcast_convert_type(dst, jnp.uint8).reshape(buf.shape)
     else:
-        out = _from_words(dst, (B, Hq, d_v), q.dtype)
-    return out, lse, buf if not arena_form else None, pages
+        dst = att
+    if not arena_form:
+        return _from_words(dst, (B, Hq, d_v), q.dtype), lse, buf, pages
+    if windows is None:
+        return _bytes(dst, buf.shape), lse, None, pages
+    buf = lax.dynamic_update_slice(buf, _bytes(dst, None), (windows[1][0], 0))
+    return buf, lse, None, pages
 
 
 def _prepare(q, k_cache, k_scale, v_scale, sinks):

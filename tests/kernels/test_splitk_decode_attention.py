@@ -332,14 +332,14 @@ def test_unused_table_entries_are_not_checked():
 # -- the arena form ---------------------------------------------------------------------------
 
 
-def _arena_plan(slots, out_bytes, *, D=64):
+def _arena_plan(slots, out_bytes, *, D=64, align=256):
     sizes = {
         "before": 300,
         "splitk_workspace": slots * (D + 2) * 4,
         "attn_output": out_bytes + 40,  # room past the output that must stay as it was
         "after": 200,
     }
-    return ArenaPlan.sequential(sizes, guard_bytes=64)
+    return ArenaPlan.sequential(sizes, guard_bytes=64, align_bytes=align)
 
 
 def _fill(plan, arena, rng):
@@ -348,10 +348,13 @@ def _fill(plan, arena, rng):
     return arena
 
 
-def test_arena_form_writes_partials_and_output_only():
+@pytest.mark.parametrize("align", [256, 4])
+def test_arena_form_writes_partials_and_output_only(align):
+    """Regions on 256-byte rows, and packed on 4 bytes so that the workspace and the output
+    share an arena row (in interpret mode the kernels then get one window of rows for both)."""
     B, Hq, D, splits = BASE["B"], BASE["Hq"], BASE["D"], 4
     args = base_case()
-    plan = _arena_plan(BASE_SLOTS, B * Hq * D * 4)
+    plan = _arena_plan(BASE_SLOTS, B * Hq * D * 4, align=align)
     rng = np.random.default_rng(3)
     arena = _fill(plan, plan.allocate(), rng)
     before = np.asarray(arena).reshape(-1).copy()
@@ -397,7 +400,10 @@ def test_arena_form_writes_partials_and_output_only():
 def test_arena_form_refuses_small_regions():
     args = base_case()
     small_ws = _arena_plan(3 * 16 * 4 - 1, 3 * 16 * 64 * 4)
-    with pytest.raises(ValueError, match=r"'splitk_workspace' holds 50424 bytes but float32\[192, 66\] needs 50688 .*192 slots"):
+    with pytest.raises(
+        ValueError,
+        match=r"'splitk_workspace' holds 50424 bytes but float32\[192, 66\] needs 50688 .*192 slots",
+    ):
         splitk_decode_attention_into(small_ws.allocate(), small_ws, *args, num_splits=4)
     small_out = ArenaPlan.sequential({"splitk_workspace": 4096 * 66 * 4, "attn_output": 1024})
     with pytest.raises(ValueError, match=r"'attn_output' holds 1024 bytes.*needs 12288"):
