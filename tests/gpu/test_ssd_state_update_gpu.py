@@ -5,12 +5,14 @@ like layer: H=128, G=8; N=256; and non-power-of-two P=80, N=96), with z, D, dt_b
 and state_indices, the cache donated to the step: the compile must pass with XLA's
 register-spill switch on (ptxas: no spill, no stack), be ONE launch (the kernel reads the
 bf16/f32 inputs itself: no conversion kernels), alias exactly the cache's bytes, and need no
-temp buffer beyond 64 KiB (the result `y` is an output, not temp).
+temp buffer beyond 64 KiB (the result `y` is an output, not temp). A cache past 4 GiB is
+addressed with 64-bit offsets.
 """
 
 from __future__ import annotations
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -71,3 +73,34 @@ def test_state_update_compiles_in_place_without_spills(h200, shape):
     assert res.temp_bytes <= 64 * KIB
     print(f"ssd_state_update {shape[:-1]} {jnp.dtype(sdt).name}: {k.registers} registers, "
           f"temp {res.temp_bytes} B, alias {res.alias_bytes} B")  # fmt: skip
+
+
+_STATE_PTR = re.compile(r"tt\.addptr [^\n]*?: tensor<16x128x!tt\.ptr<f32>>, tensor<16x128x(i\d+)>")
+
+
+@pytest.mark.parametrize("slots", [64, 4096])
+def test_cache_offsets_past_2gib(h200, slots, capfd, monkeypatch):
+    """A 16 GiB f32 cache (4096 slots of H=128, P=64, N=128): the tile offsets of the state
+    loads and stores are formed in 64 bits (Pallas does so for arrays of 2^32 bytes or more),
+    so `slot * H * P * N` cannot wrap; a 256 MiB cache keeps int32 offsets. Lowering only."""
+    from jax.experimental import pallas as pl
+
+    H, P, N, Bt = 128, 64, 128, 8
+    sds = jax.ShapeDtypeStruct
+    args = gpu_aot.on_gpu(
+        (sds((slots, H, P, N), F32), sds((Bt, H, P), BF16), sds((Bt, H), F32), sds((H,), F32),
+         sds((Bt, 1, N), BF16), sds((Bt, 1, N), BF16), sds((Bt,), jnp.int32)),
+        h200,
+    )  # fmt: skip
+    monkeypatch.setattr(pl, "pallas_call", functools.partial(pl.pallas_call, debug=True))
+    step = jax.jit(
+        lambda st, x, dt, A, B, C, idx: ssd_state_update(
+            st, x, dt, A, B, C, state_indices=idx, interpret=False
+        )
+    )
+    capfd.readouterr()
+    with gpu_aot.abstract_gpu(h200):
+        step.trace(*args).lower()
+    widths = _STATE_PTR.findall(capfd.readouterr().out)
+    assert len(widths) == 2  # the tile's load and its store
+    assert set(widths) == ({"i64"} if slots * H * P * N * 4 >= 2**32 else {"i32"})
