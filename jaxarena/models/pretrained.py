@@ -331,6 +331,22 @@ class CausalLM:
     def cache_bytes(self) -> int:
         return sum(x.nbytes for x in jax.tree.leaves(self.caches))
 
+    def step_memory(self, kind: str = "decode") -> dict[str, int]:
+        """XLA's memory analysis of a compiled step (`"decode"`, `"prefill"`, `"prefill_all"`)
+        in bytes: `argument`, `output`, `alias` (outputs written into donated inputs) and
+        `temp`. A step that keeps the arena in place aliases the arena and the caches and
+        needs far fewer temp bytes than the arena.
+
+        Raises:
+          KeyError: the step has not run (compiled) yet.
+        """
+        for (k, _), (compiled, _) in self._compiled.items():
+            if k == kind:
+                m = compiled.memory_analysis()
+                return {"argument": m.argument_size_in_bytes, "output": m.output_size_in_bytes,
+                        "alias": m.alias_size_in_bytes, "temp": m.temp_size_in_bytes}  # fmt: skip
+        raise KeyError(f"step {kind!r} has not been compiled yet; run it first")
+
     # -- running ----------------------------------------------------------------------------------
 
     def _run(self, kind: str, fn: Any, *args: Any) -> Any:

@@ -134,6 +134,32 @@ def test_step_traced_once_arena_fixed_guards_intact(runs, name):
     assert lm.model.plan.check_guards(lm.arena) == []
 
 
+# The split-K arena form of 02251f0 (the whole arena aliased into the kernel) makes XLA's CPU
+# backend copy the arena around the decode step: temp 1.88 MB for llama's 1.39 MB arena, and
+# tests/models/test_hybrid_e2e.py::test_decode_footprint fails the same way at that commit.
+_SPLITK_COPY = pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="split-K arena form (02251f0) copies the arena on CPU; kernel owners",
+)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(n, marks=_SPLITK_COPY) if n != "mamba2" else n for n in BF16_FAMILIES]
+    + [pytest.param("qwen3_fp8", marks=_SPLITK_COPY)],
+)
+def test_decode_step_keeps_the_arena_in_place(runs, name):
+    """The compiled decode step writes the arena and the caches into their donated buffers
+    and needs fewer temp bytes than the arena: a copy of the arena (XLA keeping an old arena
+    version alive) would need at least the arena's bytes."""
+    runs.run(name)
+    lm = runs.lm(name)
+    mem = lm.step_memory("decode")
+    assert mem["alias"] >= lm.arena_bytes + lm.cache_bytes
+    assert mem["temp"] < lm.arena_bytes, mem
+
+
 @pytest.mark.parametrize("name", BF16_FAMILIES)
 def test_weights_are_bf16_and_their_bytes_are_the_budget(runs, name):
     lm = runs.lm(name)
