@@ -21,6 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _helpers.tolerances import tol
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pallas_kernels import ssd_state_update
 from pallas_kernels.ssd_chunked_scan import ssd_sequential_reference
@@ -117,6 +119,21 @@ def test_equals_one_step_of_the_sequential_recurrence(gated):
                             state_indices=jnp.asarray(inp["idx"]))  # fmt: skip
     _close(y, y_seq, F32)
     _close(np.asarray(s)[inp["idx"]], finals, F32)
+
+
+@settings(max_examples=12, deadline=None)
+@given(slots=st.permutations(range(6)), seed=st.integers(0, 2**16))
+def test_any_distinct_slots(slots, seed):
+    """Any 3 distinct slots of 6, in any order, with any values: one compile (the indices are
+    an array argument), the reference's result every time."""
+    inp = _inputs(6, 3, 2, 8, 1, 16, seed=seed)
+    idx = jnp.asarray(slots[:3], jnp.int32)
+    (y, s), (y_ref, s_ref) = _run(inp, z=inp["z"], D=inp["D"], dt_softplus=True,
+                                  state_indices=idx)  # fmt: skip
+    _close(y, y_ref, F32)
+    _close(s, s_ref, F32)
+    rest = list(slots[3:])
+    np.testing.assert_array_equal(np.asarray(s)[rest], np.asarray(inp["state"])[rest])
 
 
 def test_default_slots_and_odd_shapes():
