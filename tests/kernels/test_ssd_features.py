@@ -223,3 +223,24 @@ def test_bad_options_are_refused_before_tracing(over, match):
         return  # shapes above are for H=2, P=16; the arena form shares the same checks
     with pytest.raises(ValueError, match=match):
         ssd_chunked_scan_into(plan.allocate(), plan, *_xs(inp), **over)
+
+
+def test_every_option_lowers_for_cuda():
+    """With z, D [H, P], dt_limit and bf16 final states the scan still lowers for CUDA as
+    Triton kernels only (the options are operands and constants, no extra XLA loop)."""
+    T, H, P, G, N, S = 150, 4, 64, 2, 128, 3
+    sds = jax.ShapeDtypeStruct
+    args = dict(
+        x=sds((T, H, P), BF16), dt=sds((T, H), F32), A=sds((H,), F32),
+        B=sds((T, G, N), BF16), C=sds((T, G, N), BF16), D=sds((H, P), F32),
+        z=sds((T, H, P), BF16), dt_bias=sds((H,), F32), initial_states=sds((S, H, P, N), F32),
+        cu_seqlens=sds((S + 1,), jnp.int32),
+    )  # fmt: skip
+
+    def f(x, dt, A, B, C, **kw):
+        return ssd_chunked_scan(x, dt, A, B, C, dt_softplus=True, dt_limit=(0.001, 0.1),
+                                state_dtype=BF16, interpret=False, **kw)  # fmt: skip
+
+    text = jax.jit(f).trace(**args).lower(lowering_platforms=("cuda",)).as_text()
+    assert "__gpu$xla.gpu.triton" in text
+    assert "stablehlo.while" not in text
