@@ -38,9 +38,12 @@ final state, nor (for initial states) its outputs. (Inside a chunk, the intra-ch
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
 
 _HI = jax.lax.Precision.HIGHEST
 # Contract dim 0 of both operands: `a^T @ b` without materialising the transpose.
@@ -58,6 +61,20 @@ def _dot(a, b, dims=None):
     if dims is None:
         return jnp.dot(a, b, precision=_HI, preferred_element_type=jnp.float32)
     return jax.lax.dot_general(a, b, dims, precision=_HI, preferred_element_type=jnp.float32)
+
+
+def _rows(ref, start, n, *rest, num_tokens: int, tail: bool):
+    """`ref[start : start + n, *rest]`, tokens at or past `num_tokens` read as 0.
+
+    The inputs are not padded to whole chunks (a padded copy would be a GPU temporary that
+    grows with T): with `tail` (T not a multiple of L) the last chunk's loads are masked.
+    """
+    idx = (pl.ds(start, n), *rest)
+    if not tail:
+        return ref[idx]
+    tok = start + jnp.arange(n)
+    shape = (n,) + (1,) * (len(ref.at[idx].shape) - 1)
+    return plgpu.load(ref.at[idx], mask=(tok < num_tokens).reshape(shape), other=0)
 
 
 def _scalar(ref, row, col):
@@ -89,10 +106,10 @@ def ssd_cumsum_cb_kernel(
     dt_max: float = float("inf"),
 ):
     """Phase 1 for one (chunk, head). `dt' = clamp(softplus?(dt + bias), dt_min, dt_max)`
-    (clamped always, as mamba_ssm's fused `_chunk_cumsum_fwd`). Refs (blocks):
+    (clamped always, as mamba_ssm's fused `_chunk_cumsum_fwd`). Refs (whole arrays):
 
-    dt `[L]` (raw), a / bias `[H]` (whole), b / c `[L, N]` (this head's group), ws_in (aliased
-    to ws, unused), ws `[rows, L]` (whole, written).
+    dt `[T, H]` (raw), a / bias `[H]`, b / c `[T, G, N]`, ws_in (aliased to ws, unused), ws
+    `[rows, L]` (written). Tokens past T (the last chunk's tail) read as 0.
     """
     del ws_in_ref  # aliased to ws_ref; only written, through the output ref
     L = chunk_size
@@ -101,7 +118,8 @@ def ssd_cumsum_cb_kernel(
     g = h // heads_per_group
     pos = c * L + jnp.arange(L)
 
-    dt = dt_ref[...].astype(jnp.float32) + bias_ref[h]
+    rows = functools.partial(_rows, num_tokens=num_tokens, tail=num_tokens % L != 0)
+    dt = rows(dt_ref, c * L, L, h).astype(jnp.float32) + bias_ref[h]
     if dt_softplus:
         dt = _softplus(dt)
     dt = jnp.minimum(jnp.maximum(dt, dt_min), dt_max)
@@ -114,15 +132,15 @@ def ssd_cumsum_cb_kernel(
     # CB depends on the group only: the group's first head stores it, in [block_l]^2 tiles.
     @pl.when(h % heads_per_group == 0)
     def _store_cb():
-        num_n = b_ref.shape[1] // block_n
+        num_n = b_ref.shape[2] // block_n
         nl = L // block_l
         cb0 = cb_row + (c * num_groups + g) * L
 
         def tile(r0, q0):
             def body(j, acc):
                 cols = pl.ds(pl.multiple_of(j * block_n, block_n), block_n)
-                cm = c_ref[pl.ds(r0, block_l), cols].astype(jnp.float32)
-                bm = b_ref[pl.ds(q0, block_l), cols].astype(jnp.float32)
+                cm = rows(c_ref, c * L + r0, block_l, g, cols).astype(jnp.float32)
+                bm = rows(b_ref, c * L + q0, block_l, g, cols).astype(jnp.float32)
                 return acc + _dot(cm, bm, _NT)
 
             acc = jnp.zeros((block_l, block_l), jnp.float32)
@@ -156,6 +174,7 @@ def ssd_scan_kernel(
     final_ref,
     *,
     chunk_size: int,
+    num_tokens: int,
     num_chunks: int,
     num_seqs: int,
     num_chunks_ws: int,
@@ -175,7 +194,8 @@ def ssd_scan_kernel(
 ):
     """Phase 2 for one (head h, block j of `block_p` head_dim columns). Refs (whole arrays):
 
-    x `[Tp, H, P]`, b / c `[Tp, G, N]`, seq `[Tp]` int32 (each token's sequence), cu `[S + 1]`
+    x `[T, H, P]`, b / c `[T, G, N]`, seq `[Tp]` int32 (each token's sequence, `Tp` = whole
+    chunks; padding tokens belong to the last sequence), cu `[S + 1]`
     int32 (sequence starts), ws `[rows, L]` f32 (read: phase 1's dt', dA_cumsum and CB), d
     `[H]` f32 (`[H, P]` with `d_per_col`), init `[S, H, P, N]` (unused without `has_init`),
     z `[Tp, H, P]` (unused without `has_z`: `y = (... + D x) * silu(z)`), y `[Tp, H, P]`
@@ -198,6 +218,8 @@ def ssd_scan_kernel(
     ncols = [pl.ds(n * bn, bn) for n in range(nn)]
     f32 = jnp.float32
     zero_state = tuple(jnp.zeros((bp, bn), f32) for _ in range(nn))
+    tail = num_tokens % L != 0
+    load = functools.partial(_rows, num_tokens=num_tokens, tail=tail)
 
     def init_of(s):
         if not has_init:
@@ -231,15 +253,15 @@ def ssd_scan_kernel(
             """`C[rows] . state^T` for a state given as column tiles: `[block_l, block_p]`."""
             out = jnp.zeros((bl, bp), f32)
             for n, tile in enumerate(state):
-                cm = c_ref[rows, g, ncols[n]].astype(f32)
+                cm = load(c_ref, rows, bl, g, ncols[n]).astype(f32)
                 out = out + _dot(cm, tile, _NT)
             return out
 
         # -- Outputs, in blocks of `block_l` rows.
         def row_block(r, carry):
             r0 = pl.multiple_of(r * bl, bl)
-            rows = pl.ds(t0 + r0, bl)
-            seq_rows = seq_ref[rows][:, None]  # [bl, 1]
+            rows = t0 + r0
+            seq_rows = seq_ref[pl.ds(rows, bl)][:, None]  # [bl, 1]
             da_rows = jnp.transpose(ws_ref[pl.ds(da_r, 1), pl.ds(r0, bl)])  # [bl, 1]
             row_idx = r0 + jax.lax.broadcasted_iota(jnp.int32, (bl, bk), 0)
 
@@ -254,7 +276,7 @@ def ssd_scan_kernel(
                 causal = (row_idx >= col_idx) & (seq_rows == seq_k)
                 seg = jnp.where(causal, da_rows - da_k, 0.0)
                 m = jnp.where(causal, cb * jnp.exp(seg), 0.0) * dt_k
-                return acc + _dot(m, x_ref[pl.ds(t0 + k0, bk), h, pcols].astype(f32))
+                return acc + _dot(m, load(x_ref, t0 + k0, bk, h, pcols).astype(f32))
 
             # Causal: source tokens past this row block contribute nothing.
             acc = jax.lax.fori_loop(0, (r0 + bl) // bk, diag_body, jnp.zeros((bl, bp), f32))
@@ -272,11 +294,16 @@ def ssd_scan_kernel(
 
                 acc = jax.lax.fori_loop(s0 + 1, s_last + 1, inner, acc)
             if has_d:
-                acc = acc + d_h * x_ref[rows, h, pcols].astype(f32)
+                acc = acc + d_h * load(x_ref, rows, bl, h, pcols).astype(f32)
             if has_z:
-                zv = z_ref[rows, h, pcols].astype(f32)
+                zv = load(z_ref, rows, bl, h, pcols).astype(f32)
                 acc = acc * (zv / (1.0 + jnp.exp(-zv)))  # silu(z)
-            y_ref[rows, h, pcols] = acc.astype(y_ref.dtype)
+            out = acc.astype(y_ref.dtype)
+            if tail:  # the rows past T are not in y
+                tok = rows + jax.lax.broadcasted_iota(jnp.int32, (bl, 1), 0)
+                plgpu.store(y_ref.at[pl.ds(rows, bl), h, pcols], out, mask=tok < num_tokens)
+            else:
+                y_ref[pl.ds(rows, bl), h, pcols] = out
             return carry
 
         jax.lax.fori_loop(0, L // bl, row_block, 0)
@@ -300,10 +327,10 @@ def ssd_scan_kernel(
                 tok = k0 + jax.lax.broadcasted_iota(jnp.int32, (bk, 1), 0)
                 mine = (seq_ref[pl.ds(t0 + k0, bk)][:, None] == s) & (tok <= e)  # [bk, 1]
                 w = jnp.where(mine, jnp.exp(jnp.where(mine, a_end - da_k, 0.0)) * dt_k, 0.0)
-                xm = jnp.where(mine, x_ref[pl.ds(t0 + k0, bk), h, pcols].astype(f32), 0.0)
+                xm = jnp.where(mine, load(x_ref, t0 + k0, bk, h, pcols).astype(f32), 0.0)
                 out = []
                 for n in range(nn):
-                    bm = b_ref[pl.ds(t0 + k0, bk), g, ncols[n]].astype(f32)
+                    bm = load(b_ref, t0 + k0, bk, g, ncols[n]).astype(f32)
                     bw = jnp.where(mine, bm * w, 0.0)
                     out.append(acc[n] + _dot(xm, bw, _TN))
                 return tuple(out)

@@ -10,8 +10,9 @@ Two Pallas kernels (see kernel.py), with packed sequences:
    intra-chunk part from the scratch's CB, the inter-chunk part from the running state or a
    sequence's initial state, and `D x`) and the final state of every sequence that ends in
    the chunk. No per-chunk state and no intra-chunk output is ever stored: beside the scratch,
-   the outputs and the inputs, the GPU temporaries are `seq` (int32 per token) and, only
-   where T, P or N are not multiples of the tiles, the padded inputs and sliced outputs.
+   the outputs and the inputs, the GPU temporaries are `seq` (int32 per token of the whole
+   chunks) and, only where P or N is not a power of two (>= 16), padded inputs and sliced
+   outputs. T is never padded: the kernels mask the last chunk's tail.
 
 The launches per call do not depend on T (no XLA loop). The price is parallelism: phase 2
 runs `H * P / block_p` programs (256 for H=64, P=64), each sequential over the chunks, where
@@ -111,12 +112,13 @@ def _ssd_impl(
     Tp, Pp, Np = nc * L, _tile(P), _tile(N)
     f32 = jnp.float32
 
-    # Zero padding is exact: padded tokens get dt' = 0 in the kernel, padded P columns give
-    # zero outputs, padded N columns add zero products.
-    xp = _pad_to(x, (Tp, H, Pp))
-    dtp = _pad_to(dt, (Tp, H))
-    Bp = _pad_to(B, (Tp, G, Np))
-    Cp = _pad_to(C, (Tp, G, Np))
+    # T is not padded (the kernels mask the last chunk's tail: a padded copy would be a GPU
+    # temporary growing with T). P and N are padded to powers of two only where they are not
+    # (zero padding is exact: padded P columns give zero outputs, padded N columns add zero
+    # products); at P=64, N=128 nothing is copied.
+    xp = _pad_to(x, (T, H, Pp))
+    Bp = _pad_to(B, (T, G, Np))
+    Cp = _pad_to(C, (T, G, Np))
     A32 = A.astype(f32)
     bias = jnp.zeros((H,), f32) if dt_bias is None else dt_bias.astype(f32)
     D32 = jnp.zeros((H,), f32) if D is None else D.astype(f32)
@@ -124,7 +126,7 @@ def _ssd_impl(
     if d_per_col:
         D32 = _pad_to(D32, (H, Pp))
     has_z = z is not None
-    zp = _pad_to(z, (Tp, H, Pp)) if has_z else jnp.zeros((1,), f32)  # never read without z
+    zp = _pad_to(z, (T, H, Pp)) if has_z else jnp.zeros((1,), f32)  # never read without z
     cu = cu_seqlens.astype(jnp.int32)
 
     # Sequence of each token: the last s with cu[s] <= t, which skips empty sequences.
@@ -159,21 +161,14 @@ def _ssd_impl(
             dt_max=dt_limit[1],
         ),
         grid=(nc, H),
-        in_specs=[
-            pl.BlockSpec((L, None), lambda c, h: (c, h)),
-            whole,
-            whole,
-            pl.BlockSpec((L, None, Np), lambda c, h: (c, h // hpg, 0)),
-            pl.BlockSpec((L, None, Np), lambda c, h: (c, h // hpg, 0)),
-            whole,
-        ],
+        in_specs=[whole] * 6,
         out_specs=whole,
         out_shape=jax.ShapeDtypeStruct(ws2d.shape, f32),
         input_output_aliases={5: 0},
         compiler_params=params,
         interpret=interpret,
         name="ssd_cumsum_cb",
-    )(dtp, A32, bias, Bp, Cp, ws2d)
+    )(dt, A32, bias, Bp, Cp, ws2d)
 
     bp = min(_BLOCK_P, Pp)
     if has_init:
@@ -184,6 +179,7 @@ def _ssd_impl(
         functools.partial(
             ssd_scan_kernel,
             **ws_geom,
+            num_tokens=T,
             num_chunks=nc,
             num_seqs=S,
             has_d=has_d,
@@ -199,15 +195,15 @@ def _ssd_impl(
         in_specs=[whole] * 9,
         out_specs=[whole, whole],
         out_shape=[
-            jax.ShapeDtypeStruct((Tp, H, Pp), x.dtype),
+            jax.ShapeDtypeStruct((T, H, Pp), x.dtype),
             jax.ShapeDtypeStruct((S, H, Pp, Np), jnp.dtype(state_dtype)),
         ],
         compiler_params=params,
         interpret=interpret,
         name="ssd_scan",
     )(xp, Bp, Cp, seq, cu, ws2d, D32, init, zp)
-    if (Tp, Pp) != (T, P):
-        y = y[:T, :, :P]
+    if Pp != P:
+        y = y[:, :, :P]
     if (Pp, Np) != (P, N):
         final = final[:, :, :P, :N]
     return y, final, ws2d
@@ -236,9 +232,10 @@ def ssd_chunked_scan(
     """Mamba-2 SSD scan of a packed token stream, chunked (mamba_ssm's `ssd_combined`).
 
     Per sequence, from its initial state: `h_t = exp(dt'_t A) h_{t-1} + dt'_t x_t B_t^T`,
-    `y_t = h_t C_t + D x_t`. Four Pallas kernels: dt', dA_cumsum and CB; the intra-chunk
-    output and chunk states; the state passing between chunks; the inter-chunk output. The
-    per-sequence boundary terms are jnp (see the module docstring).
+    `y_t = h_t C_t + D x_t`. Two Pallas kernels: dt', dA_cumsum and CB into the scratch
+    (chunks in parallel); then one program per (head, 16 head_dim columns) walking the chunks
+    with the running state in registers, writing y and the final states (module docstring).
+    The launches per call do not depend on T.
 
     Args:
       x: `[T, H, P]` float32 / bfloat16 / float16, T >= 1.

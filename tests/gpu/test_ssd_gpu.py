@@ -130,6 +130,15 @@ def test_arena_form_aliases_the_arena_and_bounds_its_temp(h200, T):
     print(f"SSD T={T}: temp {res.temp_bytes} B, {res.launches} launches")
 
 
+def test_arena_form_copies_no_input_when_t_is_not_whole_chunks(h200):
+    """T = 2000 (31.25 chunks): the last chunk's tail is masked in the kernels, never padded
+    in HBM, so the temp is the same `seq` of 32 whole chunks (4 * 2048 bytes) plus scalars."""
+    res = _compile(2000, h200)
+    assert res.alias_bytes == _plan(2000).total_bytes
+    assert res.temp_bytes <= 4 * 2048 + 16 * KIB
+    print(f"SSD T=2000: temp {res.temp_bytes} B, {res.launches} launches")
+
+
 def test_arena_form_temp_barely_grows_with_the_sequence(h200):
     short, long = (_compile(T, h200) for T in LENGTHS)
     assert LENGTHS[1] == 4 * LENGTHS[0]
