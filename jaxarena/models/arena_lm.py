@@ -124,7 +124,8 @@ def fp8_block_matmul(xq: jax.Array, xs: jax.Array, w: dict[str, jax.Array]) -> j
 
     Returns:
       `float32[T, N]`: `sum_b xs[t, b] * scale_inv[n // 128, b] * (xq[t, blk b] . w[n, blk b])`;
-      the per-block dot products are exact products of e4m3 values accumulated in f32.
+      the per-block dot products are exact products of e4m3 values (bf16 operands, exact)
+      accumulated in f32.
     """
     blk = workspaces.FP8_BLOCK
     t, k = xq.shape
@@ -132,9 +133,10 @@ def fp8_block_matmul(xq: jax.Array, xs: jax.Array, w: dict[str, jax.Array]) -> j
     n = wq.shape[0]
     nb = xs.shape[1]
     pad = nb * blk - k
-    xb = jnp.pad(xq.astype(F32), ((0, 0), (0, pad))).reshape(t, nb, blk)
-    wb = jnp.pad(wq.astype(F32), ((0, 0), (0, pad))).reshape(n, nb, blk)
-    partial = jnp.einsum("tbk,nbk->tnb", xb, wb)
+    # e4m3 values are exact in bf16, and a product of two bf16 values is exact in f32.
+    xb = jnp.pad(xq.astype(BF16), ((0, 0), (0, pad))).reshape(t, nb, blk)
+    wb = jnp.pad(wq.astype(BF16), ((0, 0), (0, pad))).reshape(n, nb, blk)
+    partial = jnp.einsum("tbk,nbk->tnb", xb, wb, preferred_element_type=F32)
     wsn = jnp.repeat(ws, blk, axis=0)[:n]
     return jnp.einsum("tnb,tb,nb->tn", partial, xs, wsn)
 
