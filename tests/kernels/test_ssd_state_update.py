@@ -186,6 +186,26 @@ def test_large_dt_and_large_gate():
     assert (np.asarray(y)[..., 1::2] == 0).all()
 
 
+def test_nan_stays_in_its_row_and_slot():
+    """A NaN in x[0, 1, 2] makes NaN exactly the state row [slot0, 1, 2, :] and y[0, 1, 2]
+    (the recurrence's reach); the reference agrees, and no other row, head or slot is touched
+    (programs never mix rows, and padding pieces are never multiplied by 0)."""
+    S, Bt, H, P, G, N = 4, 2, 2, 8, 1, 16
+    inp = _inputs(S, Bt, H, P, G, N, seed=13)
+    inp["x"] = inp["x"].at[0, 1, 2].set(jnp.nan)
+    (y, s), (y_ref, s_ref) = _run(inp, D=inp["D2"], z=inp["z"], dt_softplus=True,
+                                  state_indices=[3, 1])  # fmt: skip
+    bad_y = np.zeros((Bt, H, P), bool)
+    bad_y[0, 1, 2] = True
+    bad_s = np.zeros((S, H, P, N), bool)
+    bad_s[3, 1, 2, :] = True
+    np.testing.assert_array_equal(np.isnan(np.asarray(y)), bad_y)
+    np.testing.assert_array_equal(np.isnan(np.asarray(s)), bad_s)
+    np.testing.assert_array_equal(np.isnan(np.asarray(y_ref)), bad_y)
+    _close(np.where(bad_y, 0, y), np.where(bad_y, 0, y_ref), F32)
+    _close(np.where(bad_s, 0, s), np.where(bad_s, 0, s_ref), F32)
+
+
 def test_in_place_under_jit_and_traced_bad_slot():
     """Inside a jit that donates the cache, it is an aliased operand (input_output_alias in
     the compiled HLO). A traced out-of-range slot is never written; its row's y is NaN."""
