@@ -210,8 +210,8 @@ def ssd_state_update(
       interpret: None = interpret on CPU, compiled (Triton) on GPU.
 
     Non-finite values: a NaN or infinity in row `b`'s inputs (or its slot's state) reaches only
-    what the recurrence reaches (e.g. `x[b, h, p]` -> state row `[s, h, p, :]` and `y[b, h, p]`),
-    never another row, head or slot; it is never turned into a finite value.
+    what the recurrence reaches (e.g. `x[b, h, p]` -> state row `[s, h, p, :]` and `y[b, h, p]`;
+    `B[b, g]` -> the group's heads), never another row or slot; it never becomes a finite value.
 
     Returns:
       `(y [Bt, H, P] in x.dtype, state [S, H, P, N] in the cache's dtype)`. Slots no row names
