@@ -134,17 +134,18 @@ def test_step_traced_once_arena_fixed_guards_intact(runs, name):
     assert lm.model.plan.check_guards(lm.arena) == []
 
 
-# qwen3_fp8's decode step needs 3.25 MB of temp for a 1.65 MB arena (b714775 kernels). Part of
-# it is not the arena: XLA converts every FP8 weight for its dot at the start of the step (all
-# layers alive at once, ~0.8 MB as bf16), and without any FP8 activation the step needs
-# 2.36 MB with f32-dequantized weights. Whether the rest is an arena copy is not established
-# (a micro-case of the same region writes and views keeps the arena in place);
-# tests/models/test_hybrid_e2e.py::test_decode_footprint (FP8 MLP activations) fails at HEAD
-# too. This tiny model's weights are as large as its arena, so `temp < arena` cannot tell.
+# The in-place FP8 quantizer (`fp8_block_quant_into` since 36ed01c, the whole arena handed to
+# the kernel) makes XLA's CPU backend copy the arena around a decode step that quantizes
+# activations: qwen3_fp8 needs 3.25 MB of temp for its 1.65 MB arena, 1.60 MB when the same
+# quantization is done by `fp8_block_quant` + three `plan.write`s (the rest is XLA converting
+# every layer's FP8 weights at the start of the step). The reference hybrid shows it more
+# clearly: 2.18 MB temp for a 1.82 MB arena with the kernel, 0.57 MB with the plain writes
+# (tests/models/test_hybrid_e2e.py::test_decode_footprint fails at HEAD). Same class as the
+# split-K copy that b714775 fixed: for the kernel owners.
 _FP8_ARENA_COPY = pytest.mark.xfail(
     strict=True,
     raises=AssertionError,
-    reason="FP8 decode temp exceeds the arena; copy or weight temporaries (see comment)",
+    reason="in-place fp8_block_quant_into copies the arena on CPU (see comment)",
 )
 
 
