@@ -77,10 +77,12 @@ def check_float(name: str, v: Any) -> None:
 def check_finite(name: str, v: Any, consequence: str) -> None:
     """A `ValueError` naming the first non-finite element of a CONCRETE float array `v`.
 
-    Traced values (under `jit`) are not known here and are not checked; each kernel's docstring
-    says what a non-finite traced value does (it propagates as NaN, never as a plausible
-    number). `consequence` says why the value is refused (e.g. "every output of its head would
-    be NaN").
+    A concrete array is read with NumPy, so it is checked also when the wrapper runs inside a
+    caller's `jit` (e.g. a closed-over constant; a jnp op there would be staged out). Traced
+    values (arguments of that `jit`) are not known here and are skipped; each kernel's
+    docstring says what a non-finite traced value does (it propagates as NaN, never as a
+    plausible number). `consequence` says why the value is refused (e.g. "every output of its
+    head would be NaN").
     """
     if not is_concrete(v) or not jnp.issubdtype(jnp.dtype(v.dtype), jnp.floating):
         return

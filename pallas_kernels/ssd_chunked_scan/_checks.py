@@ -13,9 +13,9 @@ from jax.experimental import pallas as pl
 from jaxarena._arena.bytes import ROW_BYTES
 from jaxarena.workspaces import SSD_CHUNK, ssd_chunk_slot_bytes, ssd_scratch_layout
 from pallas_kernels._args import array_shape as _shape_of
+from pallas_kernels._args import check_finite as _check_finite
 from pallas_kernels._args import check_float as _check_float
 from pallas_kernels._args import int_values as _int_values
-from pallas_kernels._args import is_concrete as _is_concrete
 
 SSD_REGION: str = "ssd_scratch"
 """The arena region `ssd_chunked_scan_into` uses as the kernel's f32 scratch."""
@@ -29,6 +29,8 @@ _F32_PER_ROW = ROW_BYTES // 4
 assert SSD_CHUNK == _F32_PER_ROW
 
 _X_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class _Dims:
     num_tokens: int
@@ -240,19 +242,9 @@ def _state_dtype(state_dtype: Any) -> str:
 def _check_finite_A(A: Any) -> None:
     """A concrete non-finite `A` is refused: exp(dt' A) with A = -inf is 0 (the state forgets
     at once), but the chunked form takes differences of cumulative sums, -inf - -inf = NaN, so
-    every output would be NaN although the math is finite. In NumPy, not jnp: inside a
-    caller's `jit` a jnp op on a concrete array is staged out and could not be read here
-    (`pallas_kernels._args.check_finite` has that defect)."""
-    if not _is_concrete(A):
-        return
-    a = np.asarray(A)
-    bad = ~np.isfinite(a)
-    if bad.any():
-        i = int(np.argwhere(bad)[0][0])
-        raise ValueError(
-            f"A[{i}]={float(a[i])} is not finite ({int(bad.sum())} non-finite value(s) in A); "
-            "A must be finite (a very negative A, e.g. -1e4, forgets at once)"
-        )
+    every output would be NaN although the math is finite. The shared check (NumPy, so also a
+    concrete `A` inside a caller's `jit`); a traced `A` is not checked."""
+    _check_finite("A", A, "A must be finite (a very negative A, e.g. -1e4, forgets at once)")
 
 
 def _as_cu(cu_seqlens: Any) -> Any:

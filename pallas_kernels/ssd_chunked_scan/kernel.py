@@ -5,15 +5,17 @@ carries the index of its sequence (`seq`, non-decreasing), so a chunk may hold t
 one sequence, whole short sequences and the head of the next one.
 
 - `ssd_cumsum_cb_kernel` (phase 1, grid `(chunk c, head h)`): `dt'`, the within-chunk
-  inclusive cumulative sum `dA_cumsum` of `dt' A`, and `CB = C B^T` of the head's group
-  (stored by the group's first head), all three into the workspace.
+  inclusive cumulative sum `dA_cumsum` of `dt' A` restarting at every sequence's first token,
+  and `CB = C B^T` of the head's group (stored by the group's first head), all three into the
+  workspace.
 - `ssd_scan_kernel` (phase 2, grid `(head h, block of head_dim columns)`): walks the chunks
   in order, holding in registers the state of the sequence that runs across each chunk edge
   (`[block_p, N]` f32), and per chunk writes the output rows of its columns,
   `y[t] = sum_{s <= t, seq[s] = seq[t]} CB[t, s] exp(dA_cumsum[t] - dA_cumsum[s]) dt'[s] x[s]`
-  `+ exp(dA_cumsum[t] - dA_cumsum[p - 1]) C[t] . h_start(seq[t]) + D x[t]`
-  (`p` the sequence's first token in the chunk; `h_start` the state entering the chunk for
-  the first sequence, the initial state for a sequence starting inside it), and the final
+  `+ exp(dA_cumsum[t]) C[t] . h_start(seq[t]) + D x[t]`
+  (`h_start` the state entering the chunk for the first sequence, the initial state for a
+  sequence starting inside it; `dA_cumsum` counts from the sequence's first token in the
+  chunk, or from the chunk's first token for the sequence running into it), and the final
   state of every sequence that ends in the chunk. The running state never leaves the chip:
   no per-chunk state, no intra-chunk output buffer, the launches do not depend on T.
 
@@ -30,10 +32,16 @@ The workspace is a 2-D f32 array `[rows, L]`: `dt'` of (chunk c, head h) is row
 kernels see the whole workspace (no block spec; in the arena form, the whole arena) and
 address it with dynamic row slices.
 
-Masks select (`jnp.where`) rather than multiply by 0 where one sequence's values meet another
-sequence's: a NaN initial state or token of one sequence does not reach another sequence's
-final state, nor (for initial states) its outputs. (Inside a chunk, the intra-chunk product
-`M @ x` still multiplies another sequence's x by a 0 weight.)
+Non-finite values (issue 17): masked positions never reach the arithmetic. Every mask selects
+(`jnp.where`) rather than multiplies by 0, `dA_cumsum` is a masked sum per sequence (not a
+chunk-wide cumulative sum), and the one product whose masked terms a select cannot reach,
+`M @ x` of the intra-chunk output (a 0 weight times a NaN x is NaN), takes x with its
+non-finite entries zeroed; only when a row block's source tokens hold such an x, a second
+product of the 0/1 causal mask with the 0/1 non-finite flags of x (exact counts) marks the
+outputs that reach one, which are set to NaN. So a
+NaN in x, dt, B, C or an initial state of one sequence makes NaN exactly the outputs and
+final state entries the recurrence makes NaN (that sequence's, at and after the token) and
+leaves every other value bit-identical: never an earlier token, never another sequence.
 """
 
 from __future__ import annotations
@@ -88,6 +96,7 @@ def ssd_cumsum_cb_kernel(
     bias_ref,
     b_ref,
     c_ref,
+    seq_ref,
     ws_in_ref,
     ws_ref,
     *,
@@ -108,26 +117,50 @@ def ssd_cumsum_cb_kernel(
     """Phase 1 for one (chunk, head). `dt' = clamp(softplus?(dt + bias), dt_min, dt_max)`
     (clamped always, as mamba_ssm's fused `_chunk_cumsum_fwd`). Refs (whole arrays):
 
-    dt `[T, H]` (raw), a / bias `[H]`, b / c `[T, G, N]`, ws_in (aliased to ws, unused), ws
-    `[rows, L]` (written). Tokens past T (the last chunk's tail) read as 0.
+    dt `[T, H]` (raw), a / bias `[H]`, b / c `[T, G, N]`, seq `[Tp]` int32 (each token's
+    sequence), ws_in (aliased to ws, unused), ws `[rows, L]` (written). Tokens past T (the
+    last chunk's tail) read as 0.
+
+    `dA_cumsum` restarts at every sequence's first token in the chunk:
+    `dA[t] = sum_{s <= t in the chunk, seq[s] = seq[t]} dt'[s] A`, a masked sum (select) in
+    `[block_l, block_l]` tiles, so a non-finite `dt'` of one sequence never reaches another's
+    sums (a chunk-wide cumulative sum would carry it into every later token of the chunk).
     """
     del ws_in_ref  # aliased to ws_ref; only written, through the output ref
     L = chunk_size
     c = pl.program_id(0)
     h = pl.program_id(1)
     g = h // heads_per_group
-    pos = c * L + jnp.arange(L)
 
     rows = functools.partial(_rows, num_tokens=num_tokens, tail=num_tokens % L != 0)
-    dt = rows(dt_ref, c * L, L, h).astype(jnp.float32) + bias_ref[h]
-    if dt_softplus:
-        dt = _softplus(dt)
-    dt = jnp.minimum(jnp.maximum(dt, dt_min), dt_max)
-    # Tokens past the end of the stream are padding: dt' = 0 keeps them out of every sum.
-    dt = jnp.where(pos < num_tokens, dt, 0.0)
-    dA_cs = jnp.cumsum(dt * a_ref[h])
-    ws_ref[pl.ds(dt_row + h * num_chunks_ws + c, 1), :] = dt[None, :]
-    ws_ref[pl.ds(dacs_row + h * num_chunks_ws + c, 1), :] = dA_cs[None, :]
+
+    def dt_of(start, n):
+        """dt' of tokens `start .. start + n`."""
+        v = rows(dt_ref, start, n, h).astype(jnp.float32) + bias_ref[h]
+        if dt_softplus:
+            v = _softplus(v)
+        v = jnp.minimum(jnp.maximum(v, dt_min), dt_max)
+        # Tokens past the end of the stream are padding: dt' = 0 keeps them out of every sum.
+        return jnp.where(start + jnp.arange(n) < num_tokens, v, 0.0)
+
+    ws_ref[pl.ds(dt_row + h * num_chunks_ws + c, 1), :] = dt_of(c * L, L)[None, :]
+    # dA_cumsum per sequence, in [block_l, block_l] tiles (static loops: L // block_l <= 4).
+    nl = L // block_l
+    tri = jax.lax.broadcasted_iota(jnp.int32, (block_l, block_l), 0) >= (
+        jax.lax.broadcasted_iota(jnp.int32, (block_l, block_l), 1)
+    )
+    for r in range(nl):
+        seq_r = seq_ref[pl.ds(c * L + r * block_l, block_l)][:, None]
+        acc = jnp.zeros((block_l,), jnp.float32)
+        for k in range(r + 1):
+            dta = dt_of(c * L + k * block_l, block_l) * a_ref[h]
+            keep = seq_r == seq_ref[pl.ds(c * L + k * block_l, block_l)][None, :]
+            if k == r:
+                keep = keep & tri
+            acc = acc + jnp.sum(jnp.where(keep, dta[None, :], 0.0), axis=1)
+        ws_ref[pl.ds(dacs_row + h * num_chunks_ws + c, 1), pl.ds(r * block_l, block_l)] = acc[
+            None, :
+        ]
 
     # CB depends on the group only: the group's first head stores it, in [block_l]^2 tiles.
     @pl.when(h % heads_per_group == 0)
@@ -206,7 +239,7 @@ def ssd_scan_kernel(
     and last token: `h_in = (cu[s0] < t0) ? h_run : init[s0]` is the state of `s0` before the
     chunk; the outputs of the chunk's rows are written (module docstring); then for every
     sequence `s` in `s0 .. s_last`, its state at its last token `e` in the chunk,
-    `exp(dA[e] - dA[p - 1]) * (s == s0 ? h_in : init[s]) + sum_{t in s, t <= e}
+    `exp(dA[e]) * (s == s0 ? h_in : init[s]) + sum_{t in s, t <= e}
     exp(dA[e] - dA[t]) dt'[t] x[t]^T B[t]`, is stored as its final state if `s` ends in the
     chunk, and is carried to the next chunk if `s == s_last`.
     """
@@ -265,21 +298,49 @@ def ssd_scan_kernel(
             da_rows = jnp.transpose(ws_ref[pl.ds(da_r, 1), pl.ds(r0, bl)])  # [bl, 1]
             row_idx = r0 + jax.lax.broadcasted_iota(jnp.int32, (bl, bk), 0)
 
-            def diag_body(k, acc):
+            def causal_of(k0):
+                seq_k = seq_ref[pl.ds(t0 + k0, bk)][None, :]  # [1, bk]
+                col_idx = k0 + jax.lax.broadcasted_iota(jnp.int32, (bl, bk), 1)
+                return (row_idx >= col_idx) & (seq_rows == seq_k)
+
+            def diag_body(k, carry):
+                acc, num_bad = carry
                 k0 = pl.multiple_of(k * bk, bk)
                 ks = pl.ds(k0, bk)
                 cb = ws_ref[pl.ds(cb_r + r0, bl), ks]  # [bl, bk]
                 da_k = ws_ref[pl.ds(da_r, 1), ks]  # [1, bk]
                 dt_k = ws_ref[pl.ds(dt_r, 1), ks]  # [1, bk]
-                seq_k = seq_ref[pl.ds(t0 + k0, bk)][None, :]  # [1, bk]
-                col_idx = k0 + jax.lax.broadcasted_iota(jnp.int32, (bl, bk), 1)
-                causal = (row_idx >= col_idx) & (seq_rows == seq_k)
+                causal = causal_of(k0)
                 seg = jnp.where(causal, da_rows - da_k, 0.0)
-                m = jnp.where(causal, cb * jnp.exp(seg), 0.0) * dt_k
-                return acc + _dot(m, load(x_ref, t0 + k0, bk, h, pcols).astype(f32))
+                m = jnp.where(causal, cb * jnp.exp(seg) * dt_k, 0.0)
+                # A 0 weight times a non-finite x is NaN: the product takes x with its
+                # non-finite entries zeroed (counted, for `poison` below).
+                xk = load(x_ref, t0 + k0, bk, h, pcols).astype(f32)
+                ok = jnp.isfinite(xk)
+                num_bad = num_bad + jnp.sum(jnp.where(ok, 0.0, 1.0))
+                return acc + _dot(m, jnp.where(ok, xk, 0.0)), num_bad
 
             # Causal: source tokens past this row block contribute nothing.
-            acc = jax.lax.fori_loop(0, (r0 + bl) // bk, diag_body, jnp.zeros((bl, bp), f32))
+            nk = (r0 + bl) // bk
+            init = (jnp.zeros((bl, bp), f32), jnp.float32(0.0))
+            acc, num_bad = jax.lax.fori_loop(0, nk, diag_body, init)
+
+            def poison(acc):
+                """NaN where an output reaches a non-finite x causally in its own sequence:
+                the 0/1 causal mask times the 0/1 non-finite flags of x (exact counts)."""
+
+                def body(k, reach):
+                    k0 = pl.multiple_of(k * bk, bk)
+                    xk = load(x_ref, t0 + k0, bk, h, pcols).astype(f32)
+                    flags = jnp.where(jnp.isfinite(xk), 0.0, 1.0)
+                    return reach + _dot(jnp.where(causal_of(k0), 1.0, 0.0), flags)
+
+                reach = jax.lax.fori_loop(0, nk, body, jnp.zeros((bl, bp), f32))
+                return jnp.where(reach > 0.0, jnp.nan, acc)
+
+            # Only when these rows' source tokens hold a non-finite x (rare): no registers or
+            # work for it on the common path.
+            acc = jax.lax.cond(num_bad > 0.0, poison, lambda a: a, acc)
             # The sequence running at the chunk's start sees h_in.
             first = seq_rows == s0
             scale = jnp.exp(jnp.where(first, da_rows, 0.0))
@@ -287,9 +348,8 @@ def ssd_scan_kernel(
             if has_init:
                 # A sequence starting inside the chunk sees its initial state.
                 def inner(s, acc):
-                    base = _scalar(ws_ref, da_r, cu_ref[s] - t0 - 1)
-                    mine = seq_rows == s
-                    w = jnp.exp(jnp.where(mine, da_rows - base, 0.0))
+                    mine = seq_rows == s  # dA_cumsum restarts at the sequence's first token
+                    w = jnp.exp(jnp.where(mine, da_rows, 0.0))
                     return acc + jnp.where(mine, w * c_dot_state(rows, init_of(s)), 0.0)
 
                 acc = jax.lax.fori_loop(s0 + 1, s_last + 1, inner, acc)
@@ -311,11 +371,10 @@ def ssd_scan_kernel(
         # -- The state of every sequence of the chunk at its last token in the chunk.
         def seq_state(s, h_next):
             start_tok = cu_ref[s]
-            p = jnp.maximum(start_tok - t0, 0)
             end_tok = cu_ref[s + 1]
             e = jnp.minimum(end_tok, t0 + L) - 1 - t0
+            # dA_cumsum of the sequence's last token in the chunk (it restarts at its first).
             a_end = _scalar(ws_ref, da_r, jnp.maximum(e, 0))
-            base = jnp.where(p > 0, _scalar(ws_ref, da_r, jnp.maximum(p - 1, 0)), 0.0)
             start = init_of(s)
             start = tuple(jnp.where(s == s0, a, b) for a, b in zip(h_in, start, strict=True))
 
@@ -336,7 +395,7 @@ def ssd_scan_kernel(
                 return tuple(out)
 
             own = jax.lax.fori_loop(0, L // bk, own_body, zero_state)
-            decay = jnp.exp(a_end - base)
+            decay = jnp.exp(a_end)
             state = tuple(decay * a + b for a, b in zip(start, own, strict=True))
 
             @pl.when((end_tok > start_tok) & (end_tok <= t0 + L))

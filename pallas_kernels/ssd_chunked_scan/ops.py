@@ -3,8 +3,9 @@
 Two Pallas kernels (see kernel.py), with packed sequences:
 
 1. `ssd_cumsum_cb_kernel` (grid chunk x head): `dt' = softplus(dt + dt_bias)` (or without
-   softplus), `dA_cumsum` and `CB = C B^T`, all three stored into the f32 scratch (the arena's
-   `ssd_scratch` in the arena form), as mamba_ssm's `ssd_combined` computes them.
+   softplus), `dA_cumsum` (restarting at each sequence's first token) and `CB = C B^T`, all
+   three stored into the f32 scratch (the arena's `ssd_scratch` in the arena form), as
+   mamba_ssm's `ssd_combined` computes them.
 2. `ssd_scan_kernel` (grid head x block of head_dim columns): walks the chunks in order inside
    the kernel with the running state in registers, and writes every chunk's outputs (the
    intra-chunk part from the scratch's CB, the inter-chunk part from the running state or a
@@ -161,14 +162,14 @@ def _ssd_impl(
             dt_max=dt_limit[1],
         ),
         grid=(nc, H),
-        in_specs=[whole] * 6,
+        in_specs=[whole] * 7,
         out_specs=whole,
         out_shape=jax.ShapeDtypeStruct(ws2d.shape, f32),
-        input_output_aliases={5: 0},
+        input_output_aliases={6: 0},
         compiler_params=params,
         interpret=interpret,
         name="ssd_cumsum_cb",
-    )(dt, A32, bias, Bp, Cp, ws2d)
+    )(dt, A32, bias, Bp, Cp, seq, ws2d)
 
     bp = min(_BLOCK_P, Pp)
     if has_init:
@@ -281,11 +282,12 @@ def ssd_chunked_scan(
 
     Non-finite values: a NaN or infinity in `x`, `dt`, `B`, `C` or `initial_states` of a
     sequence propagates as NaN into that sequence's outputs and final state; it is never turned
-    into a plausible finite value. The boundary terms computed here select (`jnp.where`) rather
-    than multiply by 0, so one sequence's NaN initial state or tokens do not reach the final
-    state of another. (Inside a 64-token chunk the kernels still mask some terms by
-    multiplication: a NaN token can reach another sequence of the same chunk; see issue 17's
-    notes.) Padding tokens are zeros made here, never stale bytes.
+    into a plausible finite value. It reaches exactly what the recurrence makes NaN: for a
+    NaN at token t of sequence s, outputs and final-state entries of s at and after t (x: its
+    head and column; dt: its head; B: the group's heads; C: token t only). It never reaches a
+    token before t nor another sequence, also when both share a chunk: the kernels mask by
+    selecting (`jnp.where`), never by multiplying by 0, and every other value is bit-identical
+    to a run without the NaN. The last chunk's tail past T is masked at load, never read.
 
     Returns:
       `(y [T, H, P] in x.dtype, final_states [S, H, P, N] in state_dtype)`, plus the updated

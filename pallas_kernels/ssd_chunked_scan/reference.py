@@ -232,6 +232,18 @@ def _chunked(
     dtp = _processed_dt(dt, dt_bias, dt_softplus, dt_limit)
     a = dtp * jnp.asarray(A, jnp.float32)[None, :]
     xdt = x * dtp[:, :, None]
+    # Non-finite inputs never reach the masked sums (a 0 weight times NaN is NaN, which would
+    # reach earlier tokens): they are zeroed here, and the outputs the recurrence makes NaN are
+    # made NaN afterwards. A non-finite x[t, h, p] or dt'[t, h] reaches rows p of the state of
+    # its sequence from token t on, B[t, g, n] its column n; every y of the sequence from t on
+    # sums over the state's columns; C[t, g] reaches y[t] only.
+    bad_rows = ~(jnp.isfinite(xdt) & jnp.isfinite(a)[:, :, None])  # [T, H, P]
+    bad_cols = ~jnp.isfinite(Bh)  # [T, H, N]
+    row_only = ~jnp.isfinite(Ch).all(-1)  # [T, H]
+    xdt = jnp.where(jnp.isfinite(xdt), xdt, 0.0)
+    a = jnp.where(jnp.isfinite(a), a, 0.0)
+    Bh = jnp.where(jnp.isfinite(Bh), Bh, 0.0)
+    Ch = jnp.where(jnp.isfinite(Ch), Ch, 0.0)
     if initial_states is None:
         init = jnp.zeros((S, H, P, N), jnp.float32)
     else:
@@ -243,6 +255,15 @@ def _chunked(
 
     one = functools.partial(_ssd_one_sequence, chunk_size=chunk_size)
     ys, finals = jax.vmap(one)(rows(xdt), rows(a), rows(Bh), rows(Ch), init)
+
+    # Each sequence is one row here, so a cumulative count along it is "at or after the token".
+    def reached(bad):  # [T, H, K] -> [S, width, H, K]: a bad token at or before this one
+        return jnp.cumsum(rows(bad).astype(jnp.int32), axis=1) > 0
+
+    r_rows, r_cols = reached(bad_rows), reached(bad_cols)
+    poison_y = r_rows | r_cols.any(-1)[..., None] | rows(row_only)[..., None]
+    ys = jnp.where(poison_y, jnp.nan, ys)
+    finals = jnp.where(r_rows[:, -1, :, :, None] | r_cols[:, -1, :, None, :], jnp.nan, finals)
     # Scatter each sequence's outputs back to its tokens (the padding rows go to row T).
     y = jnp.zeros((T + 1, H, P), jnp.float32).at[jnp.where(valid, idx, T)].set(ys)[:T]
     return _skip_and_gate(y, x, D, z), finals
@@ -258,13 +279,15 @@ def ssd_chunk_quantities(
     dt_bias=None,
     dt_softplus: bool = False,
     dt_limit: tuple[float, float] = _NO_LIMIT,
+    cu_seqlens=None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """The packed stream's per-chunk intermediates, in float32.
 
     The token stream `[T]` is cut into `nc = ceil(T / chunk_size)` chunks from token 0
     (tokens past `T` count as `dt' = 0`, `B = C = 0`). Returns
     `dt' [H, nc, L]`, `dA_cumsum [H, nc, L]` (inclusive cumulative sum of `dt' A` within each
-    chunk) and `CB [nc, G, L, L]` with `CB[c, g, i, j] = C[cL + i, g] . B[cL + j, g]`.
+    chunk, restarting at the first token of every sequence of `cu_seqlens` (concrete; absent:
+    one sequence)) and `CB [nc, G, L, L]` with `CB[c, g, i, j] = C[cL + i, g] . B[cL + j, g]`.
     """
     T, H = dt.shape
     G, N = B.shape[1], B.shape[2]
@@ -274,6 +297,16 @@ def ssd_chunk_quantities(
     dtp = jnp.pad(_processed_dt(dt, dt_bias, dt_softplus, dt_limit), ((0, pad), (0, 0)))
     dtp = dtp.reshape(nc, L, H).transpose(2, 0, 1)
     dA_cs = jnp.cumsum(dtp * jnp.asarray(A, jnp.float32)[:, None, None], axis=-1)
+    # Restart at each sequence's first token: subtract the chunk's sum before that token.
+    cu = _seq_bounds(cu_seqlens, T)
+    pos = np.arange(nc * L)
+    # Start of t's sequence (the last s with cu[s] <= t; tokens past T join the last sequence)
+    first = cu[np.minimum(np.searchsorted(cu, pos, side="right") - 1, len(cu) - 2)]
+    first = np.maximum(first, pos - pos % L)  # ... or of t's chunk
+    before = (first - 1).reshape(nc, L) % L  # index in the chunk of the token before it
+    has_before = (first % L != 0).reshape(nc, L)
+    base = jnp.take_along_axis(dA_cs, jnp.asarray(before)[None], axis=-1)
+    dA_cs = dA_cs - jnp.where(jnp.asarray(has_before)[None], base, 0.0)
     Bc = jnp.pad(jnp.asarray(B, jnp.float32), ((0, pad), (0, 0), (0, 0))).reshape(nc, L, G, N)
     Cc = jnp.pad(jnp.asarray(C, jnp.float32), ((0, pad), (0, 0), (0, 0))).reshape(nc, L, G, N)
     CB = jnp.einsum("cign,cjgn->cgij", Cc, Bc, precision=_HI)

@@ -265,9 +265,11 @@ def test_workspace_holds_the_chunk_quantities(T, M):
 
     nc = -(-T // 64)
     dt_ws, da_ws, cb_ws = _sections(ws_out, H, G, M)
+    # dA_cumsum restarts at each sequence's first token (issue 17: no NaN across sequences).
     dt_ref, da_ref, cb_ref = ssd_chunk_quantities(
-        inp["dt"], inp["A"], inp["B"], inp["C"], dt_bias=inp["dt_bias"], dt_softplus=True
-    )
+        inp["dt"], inp["A"], inp["B"], inp["C"], dt_bias=inp["dt_bias"], dt_softplus=True,
+        cu_seqlens=cu,
+    )  # fmt: skip
     _close(dt_ws[:, :nc], dt_ref, jnp.float32, "dt section")
     _close(da_ws[:, :nc], da_ref, jnp.float32, "dA_cumsum section")
     _close(cb_ws[:nc], cb_ref, jnp.float32, "CB section")
@@ -353,8 +355,9 @@ def test_arena_form_writes_only_ssd_scratch(T):
     ws = plan.view(arena, "ssd_scratch", (region.nbytes // 4,), jnp.float32)
     _, da_ws, cb_ws = _sections(ws, AH, AG, M_MAX)
     _, da_ref, cb_ref = ssd_chunk_quantities(
-        inp["dt"], inp["A"], inp["B"], inp["C"], dt_bias=inp["dt_bias"], dt_softplus=True
-    )
+        inp["dt"], inp["A"], inp["B"], inp["C"], dt_bias=inp["dt_bias"], dt_softplus=True,
+        cu_seqlens=[0, 20, T],
+    )  # fmt: skip
     nc = -(-T // 64)
     _close(da_ws[:, :nc], da_ref, jnp.float32, "dA_cumsum in the arena")
     _close(cb_ws[:nc], cb_ref, jnp.float32, "CB in the arena")
