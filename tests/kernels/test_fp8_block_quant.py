@@ -17,6 +17,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from _helpers.arena import random_arena
+from _helpers.jitted import fp8_quant_ref
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -102,7 +103,7 @@ def test_matches_reference_bit_exact(m, k, dtype, scale_format):
     rng = np.random.default_rng(m * 1000 + k)
     x = _activations(rng, m, k, dtype)
     q, s = fp8_block_quant(x, scale_format=scale_format)
-    q_ref, s_ref = fp8_block_quant_reference(x, scale_format=scale_format)
+    q_ref, s_ref = fp8_quant_ref(x, scale_format=scale_format)
     assert q.dtype == jnp.float8_e4m3fn and q.shape == (m, k)
     assert s.dtype == jnp.float32 and s.shape == (m, math.ceil(k / 128))
     _assert_bits_equal(s, s_ref, "scales")
@@ -124,9 +125,7 @@ def test_block_sizes_bit_exact(block_size, m, k):
     x = _activations(np.random.default_rng(k), m, k, jnp.bfloat16, block_size)
     for scale_format in FORMATS:
         q, s = fp8_block_quant(x, block_size=block_size, scale_format=scale_format)
-        q_ref, s_ref = fp8_block_quant_reference(
-            x, block_size=block_size, scale_format=scale_format
-        )
+        q_ref, s_ref = fp8_quant_ref(x, block_size=block_size, scale_format=scale_format)
         assert s.shape == (m, -(-k // block_size))
         _assert_bits_equal(s, s_ref, f"scales {block_size=} {scale_format}")
         _assert_bits_equal(q, q_ref, f"q {block_size=} {scale_format}")
@@ -208,7 +207,7 @@ def test_under_jit():
     x = _activations(np.random.default_rng(1), 9, 140, jnp.float16)
     f = jax.jit(functools.partial(fp8_block_quant, scale_format="ue8m0"))
     q, s = f(x)
-    q_ref, s_ref = fp8_block_quant_reference(x, scale_format="ue8m0")
+    q_ref, s_ref = fp8_quant_ref(x, scale_format="ue8m0")
     _assert_bits_equal(q, q_ref, "q under jit")
     _assert_bits_equal(s, s_ref, "scales under jit")
 
@@ -301,9 +300,7 @@ def test_arena_form_writes_three_regions_in_place(m, k, scale_format):
 
     q, s = fp8_block_quant(x, scale_format=scale_format)
     # Pad rows: what an all-zero row quantizes to (zeros, the floor scale of this format).
-    q_pad, s_pad = fp8_block_quant_reference(
-        jnp.zeros((rows - m, k), jnp.bfloat16), scale_format=scale_format
-    )
+    q_pad, s_pad = fp8_quant_ref(jnp.zeros((rows - m, k), jnp.bfloat16), scale_format=scale_format)
     want_q = np.concatenate([_bits(q), _bits(q_pad)])
     want_s = np.concatenate([np.asarray(s), np.asarray(s_pad)])
     assert not np.any(want_q[m:]) and np.all(np.isfinite(want_s[m:])) and np.all(want_s > 0)

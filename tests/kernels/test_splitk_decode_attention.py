@@ -17,13 +17,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _helpers.jitted import attention_ref
 from _helpers.tolerances import tol
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jaxarena import ArenaPlan, BufferSizes, Levers, ModelConfig, Target
 from pallas_kernels.splitk_decode_attention import (
-    paged_decode_attention_reference,
     splitk_decode_attention,
     splitk_decode_attention_into,
     splitk_num_splits,
@@ -81,7 +81,7 @@ def test_matches_dense_reference(name):
     args = make_case(B, Hq, Hkv, D, bs, nb, maxp, lens, dtype, seed=len(name))
     out = splitk_decode_attention(*args, num_splits=splits)
     assert out.shape == (B, Hq, D) and out.dtype == dtype
-    ref = paged_decode_attention_reference(*args)
+    ref = attention_ref(*args)
     assert_close(out, ref, dtype)
     for b, n in enumerate(lens):
         if n == 0:  # zeros, not NaN
@@ -106,7 +106,7 @@ def base_case(lens=BASE_LENS, seed=1):
 
 def test_split_count_invariance():
     args = base_case()
-    ref = paged_decode_attention_reference(*args)
+    ref = attention_ref(*args)
     outs = {}
     for splits in (1, 2, 4, 16):
         out, _ = splitk_decode_attention(
@@ -126,7 +126,7 @@ def test_split_count_invariance():
 def test_random_lengths_and_page_orders(lens, seed):
     args = make_case(2, 4, 2, 64, 16, 9, 4, lens, seed=seed)
     out = splitk_decode_attention(*args, num_splits=3)
-    assert_close(out, paged_decode_attention_reference(*args), jnp.float32)
+    assert_close(out, attention_ref(*args), jnp.float32)
 
 
 # -- the workspace --------------------------------------------------------------------------------
@@ -193,7 +193,7 @@ def test_single_split_leaves_workspace_untouched():
     out, ws = splitk_decode_attention(*args, num_splits=1, workspace=workspace(BASE_SLOTS, 64))
     np.testing.assert_array_equal(np.asarray(ws), SENTINEL)
     assert splitk_slots_needed(3, 16, 1) == 0
-    assert_close(out, paged_decode_attention_reference(*args), jnp.float32)
+    assert_close(out, attention_ref(*args), jnp.float32)
 
 
 def test_too_small_workspace_is_refused_and_not_written():
@@ -386,7 +386,7 @@ def test_arena_form_writes_partials_and_output_only(align):
     )
     out = plan.view(arena, "attn_output", (B, Hq * D), jnp.float32)
     assert_close(out.reshape(B, Hq, D), out_ref, jnp.float32)
-    assert_close(out.reshape(B, Hq, D), paged_decode_attention_reference(*args), jnp.float32)
+    assert_close(out.reshape(B, Hq, D), attention_ref(*args), jnp.float32)
 
     # Every byte outside [workspace rows used] and [output] is as it was.
     after = np.asarray(arena).reshape(-1)
