@@ -325,8 +325,12 @@ def test_unused_table_entries_are_not_checked():
     # Entries past a sequence's last page are padding (vLLM fills them with anything).
     q, k, v, bt, sl = base_case(lens=[16, 0, 1])
     bt = bt.at[:, 1:].set(-1)
-    out = splitk_decode_attention(q, k, v, bt, sl, num_splits=2)
+    # 4 splits with the base workspace: the program test_split_count_invariance compiled.
+    out, _ = splitk_decode_attention(
+        q, k, v, bt, sl, num_splits=4, workspace=workspace(BASE_SLOTS, BASE["D"])
+    )
     assert np.all(np.isfinite(np.asarray(out)))
+    assert_close(out, attention_ref(q, k, v, bt, sl), jnp.float32)
 
 
 # -- the arena form ---------------------------------------------------------------------------
