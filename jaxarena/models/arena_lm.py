@@ -50,6 +50,7 @@ from pallas_kernels import (
     fp8_block_quant_into,
     splitk_decode_attention_into,
     ssd_chunked_scan_into,
+    ssd_state_update,
 )
 
 __all__ = ["Arch", "ArenaLM", "BLOCK_KINDS", "FFN_QUANT_REGIONS"]
@@ -498,15 +499,14 @@ class ArenaLM:
                 x, b, cc = self._split_xbc(self._get(arena, "ssm_deinterleaved",
                                                      (bsz, c.mamba2_d_xbc)))  # fmt: skip
                 _, _, dt = self._zxbcdt(arena, bsz)
-                rep = c.mamba_num_heads // c.n_groups
-                b, cc = jnp.repeat(b, rep, axis=1), jnp.repeat(cc, rep, axis=1)
-                dtp = jax.nn.softplus(dt + p["dt_bias"].astype(F32))  # [B, H]
-                decay = jnp.exp(dtp * -jnp.exp(p["A_log"].astype(F32)))
-                state = ssm[im]["state"][:bsz] * decay[:, :, None, None] + (
-                    dtp[:, :, None, None] * x[:, :, :, None] * b[:, :, None, :]
-                )
-                y = jnp.einsum("bhpn,bhn->bhp", state, cc) + p["D"].astype(F32)[None, :, None] * x
-                ssm[im] = {"state": ssm[im]["state"].at[:bsz].set(state), "conv": conv_cache}
+                # The decode-step kernel updates rows 0..bsz-1 of the (donated) state cache in
+                # place, B and C per group, softplus(dt + dt_bias) as in the prefill scan.
+                y, state = ssd_state_update(
+                    ssm[im]["state"], x, dt, -jnp.exp(p["A_log"].astype(F32)), b, cc,
+                    D=p["D"].astype(F32), dt_bias=p["dt_bias"].astype(F32), dt_softplus=True,
+                    interpret=self.interpret,
+                )  # fmt: skip
+                ssm[im] = {"state": state, "conv": conv_cache}
                 ssm[im], arena = jax.lax.optimization_barrier((ssm[im], arena))
                 im += 1
                 arena, out = self._mamba_out(arena, p, y.astype(BF16).astype(F32), bsz)
