@@ -1,8 +1,11 @@
 """The arena forms' kernels: FP8 quantization stored straight into the arena, in place.
 
-The WHOLE arena goes into each `pallas_call`, aliased to its output (`memory_space=pl.ANY`),
-and the kernel stores each value at its byte position in the regions; nothing but the arena
-is written and no temporary grows with the shapes.
+Compiled (GPU), the WHOLE arena goes into each `pallas_call`, aliased to its output
+(`memory_space=pl.ANY`), and the kernel stores each value at its byte position in the
+regions; nothing but the arena is written and no temporary grows with the shapes. In interpret
+mode (CPU) the kernels get the three regions' row windows stacked into one operand and
+written back after the calls (`pallas_kernels._arena_io`): there a whole-arena operand would
+be copied. The addressing is the same, with rows relative to the operand.
 
 How the kernels address the arena:
   - The arena `uint8[rows, 256]` is passed as `uint32[rows, 64]` (a reinterpretation XLA
@@ -28,12 +31,14 @@ How the kernels address the arena:
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from pallas_kernels._arena_io import ROW_BYTES, WORD, plan_windows
 from pallas_kernels.fp8_block_quant.kernel import (
     activation,
     block_scale,
@@ -44,10 +49,15 @@ from pallas_kernels.fp8_block_quant.kernel import (
 
 __all__ = ["ROW_BYTES", "WORD", "quantize_inplace"]
 
-ROW_BYTES = 256  # jaxarena's arena row
-WORD = 4
-_WORDS_PER_ROW = ROW_BYTES // WORD
 _PACK_TILE = 128  # most tokens per grid step of the UE8M0 packing pass
+
+
+class _At(NamedTuple):
+    """Where a region is: its first row in the arena operand and the operand's last row
+    (indices are clamped to it)."""
+
+    row0: int
+    last_row: int
 
 
 def _word_position(region_row0: int, byte_offset: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -57,14 +67,15 @@ def _word_position(region_row0: int, byte_offset: jax.Array) -> tuple[jax.Array,
 
 
 def _inplace_kernel(*refs, fused: bool, m: int, k: int, rows: int, num_blocks: int,
-                    block_size: int, tile: int, width: int, q_row0: int, s_row0: int,
-                    t_row0: int | None, arena_rows: int, scale_format: str, ptx: bool,
+                    block_size: int, tile: int, width: int, q_at: _At, s_at: _At,
+                    t_at: _At | None, scale_format: str, ptx: bool,
                     row_aligned: bool) -> None:  # fmt: skip
     """One `[tile, block]` tile of x (or of `silu(gate) * up`) -> its q words and scales,
-    stored into the arena (`t_row0=None`: no k-major f32 scales).
+    stored into the arena (`t_at=None`: no k-major f32 scales).
 
-    Refs: `x_ref` (`gate_ref`, `up_ref` when fused), the arena words `uint32[rows, 64]` as
-    input (aliased, never read) and as output.
+    Refs: `x_ref` (`gate_ref`, `up_ref` when fused), the arena operand `uint32[rows, 64]` (the
+    whole arena, or the regions' row windows stacked: `_arena_io`) as input (aliased, never
+    read) and as output.
     """
     if fused:
         x_ref, up_ref, _, arena_ref = refs
@@ -106,7 +117,7 @@ def _inplace_kernel(*refs, fused: bool, m: int, k: int, rows: int, num_blocks: i
         word = word | (part.reshape(tile, nw) << jnp.uint32(8 * b))
 
     store_ok = (r < rows) & col_ok
-    last_row = arena_rows - 1
+    q_row0, last_row = q_at
     if row_aligned:
         # K is whole arena rows and a block never straddles one: the word index is the iota
         # plus a product with a constant, so Triton sees contiguous, 16-byte aligned words
@@ -123,11 +134,11 @@ def _inplace_kernel(*refs, fused: bool, m: int, k: int, rows: int, num_blocks: i
     s_ok = tr < rows
     tr_c = jnp.minimum(tr, rows - 1)
     s_bits = jax.lax.bitcast_convert_type(scale, jnp.uint32)
-    srow, scol = _word_position(s_row0, (tr_c * num_blocks + j) * WORD)
-    plgpu.store(arena_ref.at[jnp.minimum(srow, last_row), scol], s_bits, mask=s_ok)
-    if t_row0 is not None:
-        trow, tcol = _word_position(t_row0, (j * rows + tr_c) * WORD)
-        plgpu.store(arena_ref.at[jnp.minimum(trow, last_row), tcol], s_bits, mask=s_ok)
+    srow, scol = _word_position(s_at.row0, (tr_c * num_blocks + j) * WORD)
+    plgpu.store(arena_ref.at[jnp.minimum(srow, s_at.last_row), scol], s_bits, mask=s_ok)
+    if t_at is not None:
+        trow, tcol = _word_position(t_at.row0, (j * rows + tr_c) * WORD)
+        plgpu.store(arena_ref.at[jnp.minimum(trow, t_at.last_row), tcol], s_bits, mask=s_ok)
 
 
 def _pack_tile(rows: int) -> int:
@@ -139,8 +150,7 @@ def _pack_tile(rows: int) -> int:
     return tile
 
 
-def _pack_kernel(_, arena_ref, *, rows: int, num_blocks: int, s_row0: int, t_row0: int,
-                 arena_rows: int) -> None:  # fmt: skip
+def _pack_kernel(_, arena_ref, *, rows: int, num_blocks: int, s_at: _At, t_at: _At) -> None:
     """Packs the row-major ue8m0 scales (already in the arena) into `int32[nb4, rows]` words:
     one word (4 groups) for `_pack_tile(rows)` tokens per grid step."""
     i, g = pl.program_id(0), pl.program_id(1)
@@ -148,17 +158,16 @@ def _pack_kernel(_, arena_ref, *, rows: int, num_blocks: int, s_row0: int, t_row
     tr = i * tile + jax.lax.broadcasted_iota(jnp.int32, (tile,), 0)
     ok = tr < rows
     tr_c = jnp.minimum(tr, rows - 1)
-    last_row = arena_rows - 1
     word = jnp.zeros((tile,), jnp.uint32)
     for b in range(WORD):
         group = 4 * g + b
-        srow, scol = _word_position(s_row0, (tr_c * num_blocks + jnp.minimum(group, num_blocks - 1))
-                                    * WORD)  # fmt: skip
-        bits = plgpu.load(arena_ref.at[jnp.minimum(srow, last_row), scol], mask=ok, other=0)
+        srow, scol = _word_position(s_at.row0, (tr_c * num_blocks
+                                                + jnp.minimum(group, num_blocks - 1)) * WORD)  # fmt: skip
+        bits = plgpu.load(arena_ref.at[jnp.minimum(srow, s_at.last_row), scol], mask=ok, other=0)
         exp = jnp.where(group < num_blocks, bits >> jnp.uint32(23), jnp.uint32(0))
         word = word | (exp << jnp.uint32(8 * b))
-    trow, tcol = _word_position(t_row0, (g * rows + tr_c) * WORD)
-    plgpu.store(arena_ref.at[jnp.minimum(trow, last_row), tcol], word, mask=ok)
+    trow, tcol = _word_position(t_at.row0, (g * rows + tr_c) * WORD)
+    plgpu.store(arena_ref.at[jnp.minimum(trow, t_at.last_row), tcol], word, mask=ok)
 
 
 @functools.partial(
@@ -189,12 +198,15 @@ def quantize_inplace(
     # rows = ceil16(M): the tile divides it, so no row lane is masked (the interpreter's masked
     # scatter would write a clamped duplicate index back with its old value).
     assert rows % tile == 0, (rows, tile)
-    arena_rows = arena.shape[0]
-    # A reinterpretation of the whole arena: XLA compiles it (and its inverse) to a bitcast.
-    words = jax.lax.bitcast_convert_type(
-        arena.reshape(arena_rows, _WORDS_PER_ROW, WORD), jnp.uint32
+    # The arena operand (`_arena_io`): on the GPU the whole arena viewed as words (a bitcast);
+    # in interpret mode the row windows of the three regions, written back after the calls.
+    nb4 = pl.cdiv(num_blocks, 4)
+    used = (rows * k, rows * num_blocks * WORD, (nb4 if packed else num_blocks) * rows * WORD)
+    win = plan_windows(arena.shape[0], list(zip(offsets, used, strict=True)), whole=not interpret)
+    words = win.take_joined(arena)  # one operand: the whole arena, or the windows stacked
+    q_at, s_at, t_at = (
+        _At(win.joined_row0(i, off), words.shape[0] - 1) for i, off in enumerate(offsets)
     )
-    q_off, s_off, t_off = (o // ROW_BYTES for o in offsets)
     kernel = functools.partial(
         _inplace_kernel,
         fused=up is not None,
@@ -205,10 +217,9 @@ def quantize_inplace(
         block_size=block_size,
         tile=tile,
         width=width,
-        q_row0=q_off,
-        s_row0=s_off,
-        t_row0=None if packed else t_off,
-        arena_rows=arena_rows,
+        q_at=q_at,
+        s_at=s_at,
+        t_at=None if packed else t_at,
         scale_format=scale_format,
         ptx=not interpret,
         row_aligned=k % ROW_BYTES == 0 and width == block_size and ROW_BYTES % width == 0,
@@ -229,17 +240,11 @@ def quantize_inplace(
         debug=debug,
     )(*inputs, words)
     if packed:
-        pack = functools.partial(
-            _pack_kernel,
-            rows=rows,
-            num_blocks=num_blocks,
-            s_row0=s_off,
-            t_row0=t_off,
-            arena_rows=arena_rows,
-        )
+        pack = functools.partial(_pack_kernel, rows=rows, num_blocks=num_blocks, s_at=s_at,
+                                 t_at=t_at)  # fmt: skip
         words = pl.pallas_call(
             pack,
-            grid=(rows // _pack_tile(rows), pl.cdiv(num_blocks, 4)),
+            grid=(rows // _pack_tile(rows), nb4),
             in_specs=[any_spec],
             out_specs=any_spec,
             out_shape=jax.ShapeDtypeStruct(words.shape, jnp.uint32),
@@ -249,4 +254,4 @@ def quantize_inplace(
             name="fp8_pack_ue8m0_inplace",
             debug=debug,
         )(words)
-    return jax.lax.bitcast_convert_type(words, jnp.uint8).reshape(arena.shape)
+    return win.put_joined(arena, words)

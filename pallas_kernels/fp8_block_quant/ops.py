@@ -18,9 +18,10 @@ Rows past M (up to `align4(M)`, or `ceil16(M)` in the arena) are quantized as ze
 (zeros, the floor scale); exponent bytes of groups past `nb` in the last word are 0, as
 DeepGEMM pads them.
 
-The arena forms write straight into the arena: the WHOLE arena goes into the `pallas_call`
-aliased to its output (`memory_space=pl.ANY`), viewed as 32-bit words, and the kernel stores
-each value at its place in the regions; no temporary grows with the shapes.
+The arena forms write straight into the arena: on a GPU the WHOLE arena goes into the
+`pallas_call` aliased to its output (`memory_space=pl.ANY`), viewed as 32-bit words, and the
+kernel stores each value at its place in the regions; no temporary grows with the shapes. In
+interpret mode (CPU) the kernel gets only the regions' rows (`inplace.py`).
 """
 
 from __future__ import annotations
@@ -414,8 +415,9 @@ _INTO_DOC = """
     `"ue8m0"`), so a GEMM that reads the pad rows reads finite values. Bytes past those shapes
     and every other region are left unchanged.
 
-    In place: the whole arena goes into the kernel aliased to its output, viewed as 32-bit
-    words (a bitcast), and the kernel stores every value at its byte position: no GPU
+    In place: on a GPU the whole arena goes into the kernel aliased to its output, viewed as
+    32-bit words (a bitcast), and the kernel stores every value at its byte position (in
+    interpret mode only the regions' rows, written back after the call): no GPU
     temporary grows with M or K, one launch (two with `"packed_ue8m0"`). 32-bit words keep
     every offset exact: Pallas addresses arrays of at most 2^32 bytes with int32 element
     offsets (signed in Triton), and a 4 GiB arena has 2^30 words; larger arenas get 64-bit

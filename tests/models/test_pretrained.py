@@ -134,22 +134,7 @@ def test_step_traced_once_arena_fixed_guards_intact(runs, name):
     assert lm.model.plan.check_guards(lm.arena) == []
 
 
-# The in-place FP8 quantizer (`fp8_block_quant_into` since 36ed01c, the whole arena handed to
-# the kernel) makes XLA's CPU backend copy the arena around a decode step that quantizes
-# activations: qwen3_fp8 needs 3.25 MB of temp for its 1.65 MB arena, 1.60 MB when the same
-# quantization is done by `fp8_block_quant` + three `plan.write`s (the rest is XLA converting
-# every layer's FP8 weights at the start of the step). The reference hybrid shows it more
-# clearly: 2.18 MB temp for a 1.82 MB arena with the kernel, 0.57 MB with the plain writes
-# (tests/models/test_hybrid_e2e.py::test_decode_footprint fails at HEAD). Same class as the
-# split-K copy that b714775 fixed: for the kernel owners.
-_FP8_ARENA_COPY = pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="in-place fp8_block_quant_into copies the arena on CPU (see comment)",
-)
-
-
-@pytest.mark.parametrize("name", [*BF16_FAMILIES, pytest.param("qwen3_fp8", marks=_FP8_ARENA_COPY)])
+@pytest.mark.parametrize("name", [*BF16_FAMILIES, "qwen3_fp8"])
 def test_decode_step_keeps_the_arena_in_place(runs, name):
     """The compiled decode step writes the arena and the caches into their donated buffers
     and needs fewer temp bytes than the arena: a copy of the arena (XLA keeping an old arena
