@@ -74,6 +74,7 @@ from jaxarena.workspaces import (
     SPLITK_ATTN_REGIONS,
     splitk_slots_needed,
 )
+from pallas_kernels._arena_io import ROW_BYTES, WORDS_PER_ROW, plan_windows
 from pallas_kernels._args import resolve_interpret
 from pallas_kernels.splitk_decode_attention.checks import FP8_DTYPE as _FP8
 from pallas_kernels.splitk_decode_attention.checks import splitk_num_splits
@@ -100,8 +101,6 @@ _MAX_BLOCK_H = 32
 _MAX_BLOCK_H_NO_DOT = 16
 # Wider heads (MLA's 576/512) get fewer rows per program and more warps (no spills).
 _WIDE = 256
-_ROW_BYTES = 256  # jaxarena's arena row
-_WORDS_PER_ROW = _ROW_BYTES // 4
 
 
 def _chunks(d: int) -> tuple[tuple[int, int], ...]:
@@ -113,29 +112,6 @@ def _chunks(d: int) -> tuple[tuple[int, int], ...]:
             out.append((c0, w))
             c0 += w
     return tuple(out)
-
-
-def _place(offset_bytes: int) -> Place:
-    """The place of an arena region starting at `offset_bytes` in the `uint32[rows, 64]` view."""
-    row0, col = divmod(offset_bytes, _ROW_BYTES)
-    return Place(row0, col // 4, _WORDS_PER_ROW)
-
-
-def _words(x: jax.Array) -> jax.Array:
-    """uint8 `[rows, 256]` arena -> uint32 `[rows, 64]` (an XLA bitcast)."""
-    return lax.bitcast_convert_type(x.reshape(x.shape[0], _WORDS_PER_ROW, 4), jnp.uint32)
-
-
-def _window(arena: jax.Array, span: tuple[int, int]) -> jax.Array:
-    """Rows `[span[0], span[1])` of the uint8 arena as uint32 words (sliced as bytes first: on
-    CPU a bitcast of the whole arena is a copy)."""
-    return _words(lax.slice(arena, (span[0], 0), (span[1], _ROW_BYTES)))
-
-
-def _bytes(words: jax.Array, shape: tuple[int, ...] | None) -> jax.Array:
-    """uint32 `[rows, 64]` -> uint8 `[rows, 256]` (or `shape`); an XLA bitcast on the GPU."""
-    out = lax.bitcast_convert_type(words, jnp.uint8)
-    return out.reshape((words.shape[0], _ROW_BYTES) if shape is None else shape)
 
 
 def _from_words(words: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.Array:
@@ -190,32 +166,24 @@ def _decode(
 
     # Operands: `att` receives the attention pass's stores (partials, or with one split the
     # output); the combine reads the partials from `src` and stores the output into `dst`.
-    windows = None  # interpret-mode row windows of the arena: [(first row, rows), ...]
+    win = None  # the arena operands (`_arena_io`): the whole arena, or row windows
     if arena_form:
-        ws_place, out_place = (_place(off) for off in arena_offsets)
-        if not interpret:
-            att = src = dst = _words(buf)  # an XLA bitcast on the GPU
-        else:
-            # The Pallas interpreter carries an aliased operand twice through its grid loop
-            # (as input and as output), so the whole arena would be copied once on CPU. There
-            # the kernels get only the rows their stores touch (sliced out, written back); the
-            # addressing is the same, relative to the window's first row.
-            used = (
-                splitk_slots_needed(B, Hq, num_splits) * (d_v + 2) * 4,
-                B * Hq * d_v * itemsize,
-            )
-            spans = [
-                (off // _ROW_BYTES, -(-(off + n) // _ROW_BYTES)) if n else None
-                for off, n in zip(arena_offsets, used, strict=True)
-            ]
-            if spans[0] is not None and spans[0][0] < spans[1][1] and spans[1][0] < spans[0][1]:
-                spans = [(min(spans[0][0], spans[1][0]), max(spans[0][1], spans[1][1]))] * 2
-            ws_place, out_place = (
-                Place(p.row0 - sp[0], p.col0, p.width) if sp else p
-                for p, sp in zip((ws_place, out_place), spans, strict=True)
-            )
-            windows = spans
-            att = _window(buf, spans[0] if split else spans[1])
+        # On the GPU the whole arena (an XLA bitcast to words). In interpret mode the kernels
+        # get only the rows their stores touch (sliced out, written back): the interpreter
+        # carries an aliased operand twice through its grid loop, so the whole arena would be
+        # copied on CPU. The addressing is the same, relative to the window's first row.
+        used = (
+            splitk_slots_needed(B, Hq, num_splits) * (d_v + 2) * 4,
+            B * Hq * d_v * itemsize,
+        )
+        win = plan_windows(
+            buf.shape[0], list(zip(arena_offsets, used, strict=True)), whole=not interpret
+        )
+        ws_place, out_place = (
+            Place(win.row0(i, off), off % ROW_BYTES // 4, WORDS_PER_ROW)
+            for i, off in enumerate(arena_offsets)
+        )
+        att = win.take(buf, win.window_of(0 if split else 1))
     else:
         out_place = Place(0, 0, out_row_words)
         ws_place = Place(0, 0, d_v + 2)
@@ -289,12 +257,12 @@ def _decode(
         # Arena form: dst is src (the whole arena, or one window) unless the interpreter got
         # two windows; then dst follows src as a second, aliased input.
         src = dst = att
-        two = arena_form and windows is not None and windows[0] != windows[1]
+        two = arena_form and win.window_of(0) != win.window_of(1)
         if two:
             # The partials' window goes back first; the output window is then read from the
             # updated arena, so no older arena version stays alive (XLA would copy it).
-            buf = lax.dynamic_update_slice(buf, _bytes(att, None), (windows[0][0], 0))
-            dst = _window(buf, windows[1])
+            buf = win.put(buf, [att], win.window_of(0))
+            dst = win.take(buf, win.window_of(1))
         inputs = ([] if sinks is None else [sinks]) + [src] + ([dst] if two else [])
         outs = [jax.ShapeDtypeStruct(dst.shape, jnp.uint32) if arena_form else out_words_shape]
         if return_lse:
@@ -321,10 +289,7 @@ def _decode(
         dst = att
     if not arena_form:
         return _from_words(dst, (B, Hq, d_v), q.dtype), lse, buf, pages
-    if windows is None:
-        return _bytes(dst, buf.shape), lse, None, pages
-    buf = lax.dynamic_update_slice(buf, _bytes(dst, None), (windows[1][0], 0))
-    return buf, lse, None, pages
+    return win.put(buf, [dst], win.window_of(1)), lse, None, pages
 
 
 def _prepare(q, k_cache, k_scale, v_scale, sinks):
