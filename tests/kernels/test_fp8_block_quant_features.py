@@ -276,3 +276,27 @@ def test_validation_gate_up_and_arena():
     )
     with pytest.raises(ValueError, match="256-byte arena row"):
         fp8_block_quant_into(S(odd.arena_shape, jnp.uint8), odd, S((16, 128), jnp.bfloat16))
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_arena_form_does_not_copy_the_arena_in_interpret_mode(packed):
+    """In interpret mode the kernels get the three regions' rows, not the arena: a whole-arena
+    operand is copied on CPU (a bitcast to words, and the interpreter's aliased in/out pair),
+    as it was before: ~2x the arena in temp. The bound, 64 KiB: the interpreter's index tables
+    for one `[16, 128]` tile (gather `s32[16, 128, 2]` = 16 KiB, scatter 4 KiB), the stacked
+    windows (10 rows of 256 B, in and out) and the small x / scale temporaries: well under
+    the 1 MiB region `big` alone, which any copy of the arena would need."""
+    q, s, t = ("fp8_act", "fp8_act_scale", "fp8_act_scale_kmajor")
+    sizes = {"x": 4 * 128 * 2, q: 16 * 128, "gap": 4096, s: 16 * 4, "gap2": 4096, t: 16 * 4}
+    plan = ArenaPlan.sequential(sizes | {"big": 1 << 20})
+    kw = {"scale_format": "ue8m0", "scale_layout": "packed_ue8m0"} if packed else {}
+
+    def step(arena, h):
+        arena = plan.write(arena, "x", h)
+        x = plan.view(arena, "x", (4, 128), jnp.bfloat16)
+        return fp8_block_quant_into(arena, plan, x, interpret=True, **kw)
+
+    args = (plan.allocate(), jnp.ones((4, 128), jnp.bfloat16))
+    mem = jax.jit(step, donate_argnums=0).lower(*args).compile().memory_analysis()
+    assert mem.alias_size_in_bytes == plan.total_bytes
+    assert mem.temp_size_in_bytes <= 64 * 1024, mem.temp_size_in_bytes
