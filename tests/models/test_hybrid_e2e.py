@@ -129,7 +129,12 @@ def test_decode_footprint(setup, arena_run):
     rows of at most 1024 values, the split-K partials (48 slots of D + 2 floats) and FP8
     staging (16 rows, ceil16(B), of 256 bytes); 64 KiB per layer covers them with room to
     spare. Nothing of the arena's size: a whole-arena copy (XLA keeping an old arena version
-    alive for a late read) would break the bound, since the arena is larger than (a) + (b).
+    alive for a late read) would break the bound, since the arena is larger than (a) + (b) + (c).
+    (c) CPU only: the Mamba decode step's `ssd_state_update` kernel runs in the Pallas
+    interpreter, which works on a copy of its aliased state-cache operand padded by one along
+    the two gridded axes (sequence slot, head): `(S + 1) * (H + 1) * P * N * 4` bytes. The
+    layers run one after another, so XLA reuses one such buffer for every Mamba layer. On a GPU
+    the kernel updates the cache in place with 0 B of temp (tests/gpu).
     """
     cfg, model, params, prompts, tables = setup
     r = arena_run
@@ -138,7 +143,10 @@ def test_decode_footprint(setup, arena_run):
     cache_bytes = sum(x.nbytes for x in jax.tree.leaves(caches))
     n_attn = sum(lt == "full_attention" for lt in cfg.layer_types)
     kv_f32 = n_attn * 2 * (b * BLOCKS_PER_SEQ) * BLOCK * cfg.num_key_value_heads * cfg.head_dim * 4
-    bound = kv_f32 + len(cfg.layer_types) * 64 * 1024
+    state = caches["ssm"][0]["state"]
+    s_slots, n_heads, head_p, n_state = state.shape
+    ssd_pad = (s_slots + 1) * (n_heads + 1) * head_p * n_state * 4
+    bound = kv_f32 + len(cfg.layer_types) * 64 * 1024 + ssd_pad
     assert bound < model.plan.total_bytes
     positions = r["positions"]
     fp = assert_footprint(
