@@ -250,9 +250,7 @@ class BufferSizes:
         # the widest batch the decode metadata accepts. Too few slots would be an out-of-bounds
         # device write, so the kernel asks the same policy for its split count.
         policy = W.splitk_policy(levers, target)
-        slots = W.workspace_slots(
-            policy, target.sm_count, q_heads, rows, max(max_batch_size, 1)
-        )
+        slots = W.workspace_slots(policy, target.sm_count, q_heads, rows, max(max_batch_size, 1))
         splitk_workspace = slots * W.splitk_slot_bytes(hd)
 
         fp8_act = W.fp8_act_bytes(m, max_proj_k)

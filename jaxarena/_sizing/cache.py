@@ -25,7 +25,7 @@ _DTYPE_BYTES = {"bf16": 2, "fp8": 1}
 
 
 def dtype_bytes(name: str, what: str) -> int:
-    if name not in _DTYPE_BYTES:
+    if not isinstance(name, str) or name not in _DTYPE_BYTES:
         raise ValueError(f"{what}={name!r} must be one of {sorted(_DTYPE_BYTES)}")
     return _DTYPE_BYTES[name]
 
