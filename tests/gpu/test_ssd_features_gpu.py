@@ -13,7 +13,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import pytest
 
 from jaxarena import ArenaPlan, gpu_aot
 from jaxarena.workspaces import ssd_scratch_layout
@@ -21,15 +20,6 @@ from pallas_kernels.ssd_chunked_scan import ssd_chunked_scan_into
 
 H, P, N, G, S, T = 64, 64, 128, 8, 4, 2048
 MIB = 1 << 20
-
-
-@pytest.fixture(scope="module")
-def h200():
-    try:
-        gpu_aot.gpu_device("h200")
-    except gpu_aot.GpuUnavailable as e:
-        pytest.skip(f"no compile-only H200 can be made here: {e.reason}")
-    return "h200"
 
 
 @functools.cache

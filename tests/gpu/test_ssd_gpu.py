@@ -32,15 +32,6 @@ KIB = 1 << 10
 MIB = 1 << 20
 
 
-@pytest.fixture(scope="module")
-def h200():
-    try:
-        gpu_aot.gpu_device("h200")
-    except gpu_aot.GpuUnavailable as e:
-        pytest.skip(f"no compile-only H200 can be made here: {e.reason}")
-    return "h200"
-
-
 @functools.cache
 def _plan(T: int) -> ArenaPlan:
     """The scratch between two other regions, so that the scratch is not the whole arena."""

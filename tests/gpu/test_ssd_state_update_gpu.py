@@ -33,15 +33,6 @@ SHAPES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def h200():
-    try:
-        gpu_aot.gpu_device("h200")
-    except gpu_aot.GpuUnavailable as e:
-        pytest.skip(f"no compile-only H200 can be made here: {e.reason}")
-    return "h200"
-
-
 @functools.cache
 def _compile(shape, target):
     S, Bt, H, P, G, N, sdt = shape
