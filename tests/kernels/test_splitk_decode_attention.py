@@ -354,6 +354,13 @@ def _fill(plan, arena, rng):
     return jnp.asarray(flat.reshape(arena.shape))
 
 
+# Measured in CI's lowest-version job: on jax 0.8.3 the donated arena of this CPU
+# (interpret-mode) step is sometimes not reused for the output (the pointer changes, no
+# donation warning; it differs from run to run), while jax 0.10.2 updates it in place every
+# time. The GPU path aliases the whole arena (tests/gpu); every other check here runs on both.
+_POINTER_CHECKED = tuple(int(v) for v in jax.__version__.split(".")[:2]) >= (0, 9)
+
+
 @pytest.mark.parametrize("align", [256, 4])
 def test_arena_form_writes_partials_and_output_only(align):
     """Regions on 256-byte rows, and packed on 4 bytes so that the workspace and the output
@@ -377,7 +384,8 @@ def test_arena_form_writes_partials_and_output_only(align):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # "donated buffers were not usable" fails the test
         arena = compiled(arena, *args)
-    assert arena.unsafe_buffer_pointer() == ptr  # in place
+    if _POINTER_CHECKED:
+        assert arena.unsafe_buffer_pointer() == ptr  # in place
     assert plan.check_guards(arena) == []
 
     out_ref, ws_ref = splitk_decode_attention(
