@@ -104,10 +104,6 @@ def _parts(w: Any) -> tuple[Any, ...]:
     return tuple(w) if isinstance(w, (tuple, list)) else (w,)
 
 
-def _out_dim(w: Any) -> int:
-    return w["w"].shape[0] if _is_fp8(w) else w.shape[1]
-
-
 def _dequant_weight(w: dict[str, jax.Array]) -> jax.Array:
     """`float32[in, out]` of an FP8 weight (only where the activation cannot be quantized)."""
     q, s = w["w"], w["scale_inv"]
