@@ -9,6 +9,7 @@ here imports it at module level.
   spaced by the golden angle in the seed's order, so neighbours in that order differ; any
   other name takes a hue from a CRC-32 of the name. The parts of a device budget have fixed
   colours (`PART_COLOURS`).
+* Keys (`draw_key`) are plain artists in fixed rows, not a matplotlib `Legend`.
 * Titles (`figure_title`) read: what and whose (model, kind), then the stated limits and
   target, then the totals.
 """
@@ -26,10 +27,12 @@ __all__ = [
     "PART_COLOURS",
     "binary_ticks",
     "buffer_colour",
+    "draw_key",
     "figure_title",
     "format_tick",
     "output_path",
     "pyplot",
+    "save",
 ]
 
 _GOLDEN = 0.618033988749895
@@ -69,6 +72,21 @@ def output_path(path: Any) -> str:
     when it has no extension (matplotlib picks the format from the extension)."""
     text = str(path)
     return text if Path(text).suffix else f"{text}.png"
+
+
+def save(fig: Any, out: str, **savefig_kwargs: Any) -> None:
+    """Writes `fig` to `out` (`Figure.savefig`) and closes it, also when the write fails.
+
+    A PNG is compressed at zlib level 1, not Pillow's default 6: for the 2000 x 800 pixel map
+    of a large plan that encodes in 54 ms instead of 94 (measured on the CI machine) for 12%
+    more bytes; a command-line picture is drawn more often than it is kept.
+    """
+    if Path(out).suffix.lower() == ".png":
+        savefig_kwargs.setdefault("pil_kwargs", {"compress_level": 1})
+    try:
+        fig.savefig(out, **savefig_kwargs)
+    finally:
+        pyplot().close(fig)
 
 
 def binary_ticks(top: float, *, max_ticks: int = 10) -> tuple[int, list[int]]:
@@ -134,3 +152,62 @@ def figure_title(subject: str, context: Sequence[str] = (), totals: str = "") ->
     """The title of a picture: `subject` (model and what is drawn), the `context` lines
     (limits, target, mesh), then `totals`."""
     return "\n".join([subject, *[c for c in context if c], *([totals] if totals else [])])
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyEntry:
+    """One row of a key: a swatch of `colour` (a filled box, or a line of `linestyle` when it
+    is given) and `label`; `name` (a buffer, a line) becomes the text's `gid`."""
+
+    label: str
+    colour: str
+    name: str
+    linestyle: str | None = None
+
+
+def draw_key(
+    fig: Any,
+    entries: Sequence[KeyEntry],
+    *,
+    left_in: float,
+    top_in: float,
+    title: str | None = None,
+    fontsize: float = 6.5,
+    columns: int = 1,
+    column_in: float = 2.5,
+) -> None:
+    """Draws a key (a legend) on `fig` as plain artists: per entry a swatch and a text, in rows
+    of a fixed pitch (1.5 x `fontsize`) from `top_in` down, filled column by column.
+
+    A matplotlib `Legend` measures every entry through its offset boxes before drawing it;
+    for the 36 entries of a large plan map that cost 0.14 s of a 0.6 s render (measured on
+    the CI machine), and fixed rows need no measuring. Texts have the gid `"key:" + name`,
+    the title `"key-title"`; positions are in inches from the figure's bottom left.
+    """
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Rectangle
+
+    width, height = fig.get_size_inches()
+    pitch = fontsize * 1.5 / 72
+    y0 = top_in
+    if title:
+        fig.text(left_in / width, y0 / height, title, fontsize=fontsize + 0.5, ha="left",
+                 va="top", gid="key-title")  # fmt: skip
+        y0 -= 1.3 * pitch
+    rows = -(-len(entries) // max(1, columns))
+    swatch = 0.2
+    for i, e in enumerate(entries):
+        col, row = divmod(i, rows)
+        x = left_in + col * column_in
+        y = y0 - (row + 0.5) * pitch
+        if e.linestyle is None:
+            box = (x / width, (y - 0.32 * pitch) / height)
+            fig.add_artist(Rectangle(box, swatch / width, 0.64 * pitch / height,
+                                     transform=fig.transFigure, facecolor=e.colour,
+                                     edgecolor="none", gid=f"swatch:{e.name}"))  # fmt: skip
+        else:
+            fig.add_artist(Line2D([x / width, (x + swatch) / width], [y / height] * 2,
+                                  transform=fig.transFigure, color=e.colour, lw=1.0,
+                                  ls=e.linestyle, gid=f"swatch:{e.name}"))  # fmt: skip
+        fig.text((x + swatch + 0.08) / width, y / height, e.label, fontsize=fontsize,
+                 ha="left", va="center_baseline", gid=f"key:{e.name}")  # fmt: skip

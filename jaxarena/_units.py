@@ -1,5 +1,5 @@
 """Integer and byte helpers shared by every stage: rounding, powers of two, size items,
-human-readable byte counts and memory strings (`parse_memory`). A leaf: imports only
+the arena's row size, human-readable byte counts and memory strings (`parse_memory`). A leaf: imports only
 `jaxarena._errors`.
 """
 
@@ -17,6 +17,7 @@ import numpy as np
 from jaxarena._errors import ArenaError
 
 __all__ = [
+    "ROW_BYTES",
     "ceil_div",
     "round_up",
     "ceil16",
@@ -26,6 +27,11 @@ __all__ = [
     "format_bytes",
     "parse_memory",
 ]
+
+# Bytes per row of the arena array (`uint8[rows, ROW_BYTES]`, see `jaxarena._arena.bytes`).
+# Regions need not start on a row (any power-of-two alignment works); aligned regions take the
+# fast paths, which never flatten a region to 1-D.
+ROW_BYTES = 256
 
 
 def ceil_div(a: int, b: int) -> int:

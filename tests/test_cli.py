@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import struct
+import subprocess
+import sys
 
 import pytest
 
@@ -166,6 +168,30 @@ def test_plot_writes_the_file_and_reports_its_path(capsys, tmp_path, name, writt
     width, height = struct.unpack(">II", head[16:24])
     # The packed map has three mode panels beside the strip; the sequential plan one strip.
     assert (width > 1200) == packed and height > 500
+
+
+def test_plan_budget_fit_and_their_pictures_never_import_jax(tmp_path):
+    # Issue 19: importing jax is ~0.6 s of the 2 s that `jaxarena plan --packed --plot` may
+    # take, and sizing, packing and drawing need none of it: `jaxarena` imports jax only when
+    # an arena is allocated, viewed or written (`jaxarena._arena.device`) or a target is
+    # detected from a device. A fresh interpreter runs the commands and lists what it loaded.
+    pytest.importorskip("matplotlib", reason="the plot is an optional extra: jaxarena[plot]")
+    script = f"""
+import contextlib, io, sys
+from jaxarena.cli import main
+with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    codes = [
+        main(["plan", "tiny-hybrid", "--packed", "--target", "hopper", "--plot", {str(tmp_path / "m.png")!r}]),
+        main(["budget", "qwen3-8b", "--memory", "80GiB", "--target", "hopper", "--plot", {str(tmp_path / "b.png")!r}]),
+        main(["fit", "qwen3-8b", "--memory", "80GiB", "--target", "hopper"]),
+    ]
+print(codes, sorted(m for m in sys.modules if m == "jax" or m.startswith(("jax.", "jaxlib"))))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          check=False, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[0, 0, 0] []", done.stdout
+    assert (tmp_path / "m.png").stat().st_size > 0 and (tmp_path / "b.png").stat().st_size > 0
 
 
 def test_demo_runs_and_reports(capsys):

@@ -17,6 +17,7 @@ import numpy as np
 from jax import lax
 
 from jaxarena._errors import ArenaError
+from jaxarena._units import ROW_BYTES
 
 __all__ = [
     "ROW_BYTES",
@@ -27,10 +28,6 @@ __all__ = [
     "load_bytes",
     "store_bytes",
 ]
-
-# Bytes per arena row. Regions need not start on a row (any power-of-two alignment works);
-# aligned regions take the fast paths, which never flatten a region to 1-D.
-ROW_BYTES = 256
 
 
 def static_shape(shape: Any, what: str) -> tuple[int, ...]:

@@ -26,10 +26,9 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from jaxarena._arena.bytes import ROW_BYTES
 from jaxarena._arena.lifetimes import Interval, Lifetimes, first_common
 from jaxarena._errors import ArenaError
-from jaxarena._units import is_pow2
+from jaxarena._units import ROW_BYTES, is_pow2
 from jaxarena._units import round_up as _round_up
 from jaxarena._units import size_items as _size_items
 

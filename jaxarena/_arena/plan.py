@@ -12,33 +12,22 @@ only array.
 from __future__ import annotations
 
 import dataclasses
-import math
 import types
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
-from jaxarena._arena import guards, packing, record
-from jaxarena._arena.bytes import (
-    ROW_BYTES,
-    from_bytes,
-    load_bytes,
-    static_shape,
-    store_bytes,
-    to_bytes,
-    view_dtype,
-)
+from jaxarena._arena import packing
 from jaxarena._arena.lifetimes import Lifetimes
-from jaxarena._errors import ArenaError, GuardError
-from jaxarena._units import format_bytes
+from jaxarena._errors import ArenaError
+from jaxarena._units import ROW_BYTES, format_bytes
 from jaxarena._units import is_pow2 as _is_pow2
 from jaxarena._units import round_up as _round_up
 from jaxarena._units import size_items as _size_items
 
 __all__ = ["ArenaPlan", "Region"]
+
 
 @dataclasses.dataclass(frozen=True)
 class Region:
@@ -56,9 +45,16 @@ class Region:
         return self.offset_bytes + self.nbytes
 
 
-# The largest arena: 2^31 rows of ROW_BYTES (row indices are int32), 512 GiB. Far
-# below 2^63, the size at which XLA aborts the process instead of raising.
-_MAX_ARENA_BYTES = (1 << 31) * ROW_BYTES
+if TYPE_CHECKING:
+    import jax
+
+
+def _device() -> types.ModuleType:
+    """`jaxarena._arena.device`, the plan's array operations. Imported here, on first use, so
+    that layouts, packing, sizing and pictures run without importing jax (~0.6 s)."""
+    from jaxarena._arena import device
+
+    return device
 
 
 def _is_count(v: Any) -> bool:
@@ -241,7 +237,7 @@ class ArenaPlan:
         )
         return "\n".join(lines)
 
-    # -- the array ---------------------------------------------------------------------------
+    # -- the array (jaxarena._arena.device, imported on first use: it imports jax) ---------------
 
     def allocate(self, *, device: Any = None, sharding: Any = None) -> jax.Array:
         """Allocates the arena: one zero-filled `uint8` array, guard bands filled.
@@ -256,102 +252,17 @@ class ArenaPlan:
         Returns:
           `uint8[rows, ROW_BYTES]`, or `uint8[num_shards * rows, ROW_BYTES]` when sharded.
           Pass it donated to your step functions and keep only the returned arena.
+
+        Raises:
+          ArenaError: both `device` and `sharding`, a wrong sharding, or an arena larger than
+            512 GiB (rows are int32-indexed) or than a device's reported memory, before
+            anything is allocated.
         """
-        if device is not None and sharding is not None:
-            raise ArenaError("pass device= or sharding=, not both")
-        if device is not None and not isinstance(device, jax.Device):
-            raise ArenaError(
-                f"device={device!r} must be a jax.Device (e.g. jax.devices()[0]), got "
-                f"{type(device).__name__}"
-            )
-        if sharding is not None:
-            self._num_shards(sharding)
-            targets = list(sharding.addressable_devices)
-        else:
-            targets = [device if device is not None else jax.devices()[0]]
-        self._check_allocatable(targets)
-        shape = self.arena_shape
-        if sharding is None:
-            out = jax.sharding.SingleDeviceSharding(device) if device is not None else None
-            init = jax.jit(self._init_local, out_shardings=out)
-            return init()
-        num = self._num_shards(sharding)
-        global_shape = (num * shape[0], shape[1])
-        spec = sharding.spec
-        fill = jax.jit(
-            jax.shard_map(self._init_local, mesh=sharding.mesh, in_specs=(), out_specs=spec),
-            out_shardings=sharding,
-        )
-        arena = fill()
-        assert arena.shape == global_shape
-        return arena
+        return _device().allocate(self, device, sharding)
 
     def sharding(self, mesh: jax.sharding.Mesh, axis_names: Any = None):
         """A `NamedSharding` giving every device of `mesh` (or of `axis_names`) its own arena."""
-        axes = tuple(mesh.axis_names) if axis_names is None else axis_names
-        return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(axes))
-
-    def _check_allocatable(self, devices: list[Any]) -> None:
-        """`ArenaError` before allocating an arena no device could hold or index.
-
-        Three bounds, all checked before anything is allocated (XLA aborts the whole process,
-        with no exception, for a buffer of 2^63 bytes or more): the bytes must fit a signed
-        64-bit size; the rows must fit int32 (views and writes index rows with int32, so an
-        arena holds at most 2^31 rows of `ROW_BYTES`, 512 GiB); and the arena must fit each
-        device's memory where JAX reports it (`memory_stats()["bytes_limit"]`).
-        """
-        if self.total_bytes > _MAX_ARENA_BYTES:
-            raise ArenaError(
-                f"allocate: the arena is {self.total_bytes:,} bytes "
-                f"({format_bytes(self.total_bytes)}), more than an arena can be "
-                f"({format_bytes(_MAX_ARENA_BYTES)}: rows are int32-indexed, "
-                f"{ROW_BYTES} bytes each); lower the serve limits (max_batch_tokens, ...)"
-            )
-        for d in devices:
-            try:
-                stats = d.memory_stats()
-            except Exception:  # backends without memory statistics
-                stats = None
-            limit = (stats or {}).get("bytes_limit")
-            if isinstance(limit, int) and 0 < limit < self.total_bytes:
-                raise ArenaError(
-                    f"allocate: the arena is {self.total_bytes:,} bytes "
-                    f"({format_bytes(self.total_bytes)}) but {d} reports "
-                    f"{limit:,} bytes ({format_bytes(limit)}) of memory; lower the serve limits"
-                )
-
-    def _num_shards(self, sharding: Any) -> int:
-        if not isinstance(sharding, jax.sharding.NamedSharding):
-            raise ArenaError(
-                f"sharding must be a jax.sharding.NamedSharding, got {type(sharding).__name__}"
-            )
-        spec = tuple(sharding.spec) + (None, None)
-        if spec[1] is not None:
-            raise ArenaError(f"sharding spec {sharding.spec} must not partition dimension 1")
-        axes = spec[0]
-        if axes is None:
-            raise ArenaError(
-                f"sharding spec {sharding.spec} must partition dimension 0 (one arena per "
-                "device); use plan.sharding(mesh)"
-            )
-        axes = (axes,) if isinstance(axes, str) else tuple(axes)
-        return math.prod(sharding.mesh.shape[a] for a in axes)
-
-    def _init_local(self) -> jax.Array:
-        arena = jnp.zeros(self.arena_shape, jnp.uint8)
-        if self.guard_bytes:
-            pattern = guards.guard_pattern(self.guard_bytes)
-            for r in self.region_list:
-                arena = store_bytes(arena, r.end_bytes, jnp.asarray(pattern))
-        return arena
-
-    def _check_arena(self, arena: Any, what: str) -> None:
-        shape, dtype = tuple(getattr(arena, "shape", ())), getattr(arena, "dtype", None)
-        if shape != self.arena_shape or dtype != jnp.uint8:
-            raise ArenaError(
-                f"{what}: arena is {dtype}{list(shape)}, expected uint8{list(self.arena_shape)}"
-                " (a different plan's arena, or a sharded global array outside shard_map?)"
-            )
+        return _device().sharding_for(mesh, axis_names)
 
     def check_fits(
         self, *uses: tuple[Any, ...], arena: Any = None, what: str = "this call"
@@ -370,31 +281,11 @@ class ArenaPlan:
             than its region (what the region holds and what is needed), an arena that is not
             this plan's.
         """
-        problems = []
-        for use in uses:
-            name, shape, dtype, *note = use
-            region = self.regions.get(name) if isinstance(name, str) else None
-            dims = static_shape(shape, f"{what}: region {name!r}")
-            dt = view_dtype(dtype, f"{what}: region {name!r}")
-            nbytes = math.prod(dims) * dt.itemsize
-            extra = f" ({note[0]})" if note else ""
-            if region is None:
-                problems.append(f"region {name!r} is not in the plan (needs {nbytes} bytes{extra})")
-            elif nbytes > region.nbytes:
-                problems.append(
-                    f"region {name!r} holds {region.nbytes} bytes but {dt.name}{list(dims)} "
-                    f"needs {nbytes}{extra}"
-                )
-        if arena is not None:
-            shape, dtype = tuple(getattr(arena, "shape", ())), getattr(arena, "dtype", None)
-            if shape != self.arena_shape or dtype != jnp.uint8:
-                problems.append(
-                    f"arena must be the plan's uint8{list(self.arena_shape)} array, got "
-                    f"{dtype}{list(shape)}"
-                )
+        problems = _device().fit_problems(self, uses, arena, what)
         if problems:
             raise ArenaError(
-                f"{what}: the arena cannot hold it:\n  - " + "\n  - ".join(problems)
+                f"{what}: the arena cannot hold it:\n  - "
+                + "\n  - ".join(problems)
                 + "\nsize the plan (BufferSizes.from_config) for these shapes"
             )
 
@@ -416,20 +307,7 @@ class ArenaPlan:
           ArenaError: unknown or empty region, a non-static shape, or a view larger than the
             region (`prod(shape) * itemsize > nbytes`), at trace time.
         """
-        self._check_arena(arena, f"view({name!r})")
-        region = self.region(name)
-        shape = static_shape(shape, f"view({name!r})")
-        dtype = view_dtype(dtype, f"view({name!r})")
-        nbytes = math.prod(shape) * dtype.itemsize
-        if nbytes > region.nbytes:
-            raise ArenaError(
-                f"view({name!r}, shape={shape}, dtype={dtype.name}) needs {nbytes} bytes but the "
-                f"region holds {region.nbytes}"
-            )
-        record.emit("view", name)
-        if nbytes == 0:
-            return jnp.zeros(shape, dtype)
-        return from_bytes(load_bytes(arena, region.offset_bytes, nbytes), shape, dtype)
+        return _device().view(self, arena, name, shape, dtype)
 
     def write(self, arena: jax.Array, name: str, value: Any) -> jax.Array:
         """Returns the arena with `value`'s bytes stored at the start of region `name`.
@@ -440,22 +318,7 @@ class ArenaPlan:
         Raises:
           ArenaError: unknown or empty region, or `value` larger than the region.
         """
-        self._check_arena(arena, f"write({name!r})")
-        region = self.region(name)
-        if hasattr(value, "dtype"):  # before jnp.asarray silently narrows a 64-bit array
-            view_dtype(value.dtype, f"write({name!r})")
-        value = jnp.asarray(value)
-        dtype = view_dtype(value.dtype, f"write({name!r})")
-        nbytes = value.size * dtype.itemsize
-        if nbytes > region.nbytes:
-            raise ArenaError(
-                f"write({name!r}) of {dtype.name}{list(value.shape)} needs {nbytes} bytes but "
-                f"the region holds {region.nbytes}"
-            )
-        record.emit("write", name)
-        if nbytes == 0:
-            return arena
-        return store_bytes(arena, region.offset_bytes, to_bytes(value))
+        return _device().write(self, arena, name, value)
 
     # -- guards ---------------------------------------------------------------------------------
 
@@ -469,12 +332,7 @@ class ArenaPlan:
         (`jax.distributed`, a mesh over every process's devices) this is a collective: EVERY
         process must call it, and every process gets the same answer, for all devices.
         """
-        report = self.guard_report(arena)
-        if strict and report:
-            raise GuardError("guard bands overwritten after regions: " + "; ".join(
-                f"{name} on {guards.device_names(devs)}" for name, devs in report.items()
-            ))  # fmt: skip
-        return list(report)
+        return _device().check_guards(self, arena, strict)
 
     def guard_report(self, arena: jax.Array) -> dict[str, tuple[jax.Device, ...]]:
         """`{region name: the devices whose guard after it broke}`, for every broken guard.
@@ -482,27 +340,9 @@ class ArenaPlan:
         Regions in layout order, devices in mesh order (`jax.Device`: `.id`,
         `.process_index`); empty when every guard holds. Each device checks its own copy, so
         in an arena replicated over some mesh axes only the copies that broke are named. A
-        collective across processes, like `check_guards` (see `jaxarena._arena.guards`).
+        collective across processes, like `check_guards` (see `jaxarena._arena.device`).
         """
-        if not self.guard_bytes:
-            raise ArenaError("check_guards: this plan has no guard bands (guard_bytes=0)")
-        shape, dtype = tuple(getattr(arena, "shape", ())), getattr(arena, "dtype", None)
-        rows = self.arena_shape[0]
-        sharded = (
-            isinstance(arena, jax.Array)
-            and isinstance(getattr(arena, "sharding", None), jax.sharding.NamedSharding)
-            and len(shape) == 2
-            and shape[1] == ROW_BYTES
-            and shape[0] > rows
-            and shape[0] % rows == 0
-        )
-        if dtype != jnp.uint8 or (shape != self.arena_shape and not sharded):
-            raise ArenaError(
-                f"check_guards: arena is {dtype}{list(shape)} ({type(arena).__name__}), "
-                f"expected this plan's uint8{list(self.arena_shape)} array, or a sharded "
-                f"jax.Array of uint8[k * {rows}, {ROW_BYTES}] (plan.allocate(sharding=...))"
-            )
-        return guards.guard_report(self, arena, sharded=sharded)
+        return _device().guard_report(self, arena)
 
     # -- packing (issue 8) ------------------------------------------------------------------------
     # The lifetimes a packed plan was built for (None for other plans). Not part of equality or
@@ -578,5 +418,3 @@ class ArenaPlan:
                 f"plan violates its lifetimes ({len(problems)} problems):\n  - "
                 + "\n  - ".join(problems)
             )
-
-

@@ -14,8 +14,6 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-import jax
-
 from jaxarena._arena.lifetimes import Lifetimes
 from jaxarena._errors import ArenaError
 
@@ -89,6 +87,8 @@ def record_lifetimes(
             "and static arguments with functools.partial"
         )
     events: list[tuple[str, str]] = []
+    import jax  # here, not at the top: `import jaxarena` stays free of jax (see plan._device)
+
     with listening(lambda kind, name: events.append((kind, name))), jax.disable_jit():
         jax.make_jaxpr(fn)(*args)
     return Lifetimes.from_events(events, mode=mode, live_out=live_out)

@@ -21,12 +21,15 @@ from jaxarena._arena.lifetimes import Lifetimes
 from jaxarena._arena.plan import ArenaPlan
 from jaxarena._errors import ArenaError
 from jaxarena._figure import (
+    KeyEntry,
     binary_ticks,
     buffer_colour,
+    draw_key,
     figure_title,
     format_tick,
     output_path,
     pyplot,
+    save,
 )
 from jaxarena._units import format_bytes, round_up
 
@@ -221,7 +224,7 @@ def draw_plan(
       ArenaError: a mode that the lifetimes lack.
     """
     plt = pyplot()
-    from matplotlib.patches import Patch, Rectangle
+    from matplotlib.patches import Rectangle
 
     panels: list[_Panel] = []
     if sequential is not None:
@@ -311,22 +314,20 @@ def draw_plan(
         for side in ("top", "right"):
             ax.spines[side].set_visible(False)
 
-    handles = []
+    entries = []
     if lower is not None:
-        handles.append(plt.Line2D([], [], color="black", lw=0.9,
-                                  label=f"plan total {format_bytes(plan.total_bytes)}"))  # fmt: skip
-        handles.append(plt.Line2D([], [], color="#c44e52", lw=1.0, ls="--",
-                                  label=f"lower bound {format_bytes(lower)}"))  # fmt: skip
-    handles += [
-        Patch(facecolor=buffer_colour(n), label=f"{n} {format_bytes(drawn[n])}")
+        entries += [
+            KeyEntry(f"plan total {format_bytes(plan.total_bytes)}", "black", "plan_total", "-"),
+            KeyEntry(f"lower bound {format_bytes(lower)}", "#c44e52", "lower_bound", "--"),
+        ]
+    entries += [
+        KeyEntry(f"{n} {format_bytes(drawn[n])}", buffer_colour(n), n)
         for n in sorted(legend_names, key=lambda n: -drawn[n])
     ]
-    if handles:
-        fig.legend(handles=handles, loc="upper left", fontsize=_FONT, frameon=False,
-                   bbox_to_anchor=((x - gap + 0.15) / width, (bottom + axes_h) / height),
-                   title=_legend_title(lower is not None, bool(legend_names)),
-                   ncols=legend_cols,
-                   title_fontsize=_FONT + 0.5)  # fmt: skip
+    if entries:
+        draw_key(fig, entries, left_in=x - gap + 0.15, top_in=bottom + axes_h,
+                 title=_legend_title(lower is not None, bool(legend_names)), fontsize=_FONT,
+                 columns=legend_cols)  # fmt: skip
     fig.suptitle("\n".join(lines), x=left / width, ha="left", y=1 - 0.12 / height, va="top",
                  fontsize=9)  # fmt: skip
     return fig
@@ -379,8 +380,5 @@ def plot_plan(
     """
     out = output_path(path)
     fig = draw_plan(plan, title=title, context=context, sequential=sequential, modes=modes)
-    try:
-        fig.savefig(out, dpi=dpi)
-    finally:
-        pyplot().close(fig)
+    save(fig, out, dpi=dpi)
     return out

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
-
 from jaxarena._errors import ConfigError
 
 __all__ = ["Target"]
@@ -82,6 +80,8 @@ class Target:
         CPUs and unrecognised accelerators map to the seed's baseline build, `gb10`.
         """
         if device is None:
+            import jax  # only here: sizing for a named target never imports jax
+
             device = jax.devices()[0]
         if device.platform == "gpu" or device.platform in ("cuda", "rocm"):
             kind = str(getattr(device, "device_kind", "")).lower()

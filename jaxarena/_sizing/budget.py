@@ -26,6 +26,7 @@ from jaxarena._figure import (
     format_tick,
     output_path,
     pyplot,
+    save,
 )
 from jaxarena._sizing.buffers import BufferSizes
 from jaxarena._sizing.cache import dtype_bytes, kv_bytes_per_token, state_bytes_per_sequence
@@ -501,9 +502,5 @@ def plot_budget(b: MemoryBudget, path: str, *, title: str | None = None) -> str:
       ImportError: matplotlib is not installed (`pip install "jaxarena[plot]"`).
     """
     out = output_path(path)
-    fig = draw_budget(b, title=title)
-    try:
-        fig.savefig(out, dpi=100, bbox_inches="tight")
-    finally:
-        pyplot().close(fig)
+    save(draw_budget(b, title=title), out, dpi=100, bbox_inches="tight")
     return out

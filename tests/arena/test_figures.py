@@ -17,6 +17,7 @@ import pytest
 
 pytest.importorskip("matplotlib", reason="the pictures are an optional extra: jaxarena[plot]")
 
+from matplotlib.colors import to_hex  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 from matplotlib.text import Text  # noqa: E402
 
@@ -239,7 +240,6 @@ def test_tick_labels(value, text):
 
 
 def _colours(fig) -> dict[str, set[str]]:
-    from matplotlib.colors import to_hex
 
     out: dict[str, set[str]] = {}
     for ax in fig.axes:
@@ -271,7 +271,17 @@ def test_a_buffer_has_one_colour_in_every_picture(drawn):
 
 def test_every_buffer_is_labelled_or_in_the_legend(drawn):
     _, _, fig = drawn
-    legend = {t.get_text().split(" ")[0] for t in fig.legends[0].get_texts()}
+    keyed = {
+        t.get_gid()[4:]: t.get_text() for t in fig.texts if str(t.get_gid()).startswith("key:")
+    }
+    swatches = {
+        a.get_gid()[7:]: a for a in fig.get_children() if str(a.get_gid()).startswith("swatch:")
+    }
+    for name, text in keyed.items():  # a key row names its buffer (or line) beside its colour
+        assert text.startswith(f"{name} ") or name in ("plan_total", "lower_bound"), text
+        if name not in ("plan_total", "lower_bound"):
+            assert to_hex(swatches[name].get_facecolor()) == buffer_colour(name)
+    legend = set(keyed)
     for label, ax in panels(fig).items():
         boxes = {}
         for name, x0, x1, y0, y1 in rects(ax):
@@ -333,6 +343,6 @@ def test_a_plan_without_lifetimes_is_one_strip_and_an_empty_plan_draws():
     fig = draw_plan(empty)
     try:
         assert [rects(ax) for ax in fig.axes] == [[]]
-        assert "lower bound 0 B" in fig.texts[0].get_text()
+        assert "lower bound 0 B" in fig.get_suptitle()
     finally:
         plt.close(fig)

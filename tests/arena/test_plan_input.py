@@ -25,6 +25,7 @@ from jaxarena import (
     record_lifetimes,
 )
 from jaxarena._arena.bytes import ROW_BYTES
+from jaxarena._arena.device import check_allocatable
 
 
 def _run(code: str) -> subprocess.CompletedProcess:
@@ -81,9 +82,9 @@ class _Device:
 
 def test_allocate_checks_the_devices_reported_memory():
     plan = ArenaPlan.sequential({"a": 10 * ROW_BYTES})
-    plan._check_allocatable([_Device(plan.total_bytes)])  # exactly fits
+    check_allocatable(plan, [_Device(plan.total_bytes)])  # exactly fits
     with pytest.raises(ArenaError, match="fake:0 reports 2,559 bytes"):
-        plan._check_allocatable([_Device(plan.total_bytes - 1)])
+        check_allocatable(plan, [_Device(plan.total_bytes - 1)])
 
 
 def test_allocate_device_must_be_a_jax_device():
