@@ -386,7 +386,9 @@ class ArenaLM:
         if t > self.max_batch_tokens:
             raise ValueError(f"{t} prompt tokens exceed max_batch_tokens={self.max_batch_tokens}")
         idx = jnp.arange(t, dtype=jnp.int32)
-        seq = jnp.searchsorted(cu_seqlens[1:], idx, side="right").astype(jnp.int32)
+        # Each token's sequence: how many sequence ends are <= it. A count, as in the SSD scan,
+        # not `searchsorted`, whose default method is a while loop of log2(S) steps on a GPU.
+        seq = jnp.sum(cu_seqlens[None, 1:] <= idx[:, None], axis=1, dtype=jnp.int32)
         positions = idx - cu_seqlens[seq]
         arena = self._put(arena, "hidden_states", params["embed"][tokens])
         kv, ssm = list(caches["kv"]), list(caches["ssm"])
