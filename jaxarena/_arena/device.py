@@ -60,7 +60,7 @@ def allocate(plan: Any, device: Any = None, sharding: Any = None) -> jax.Array:
             f"{type(device).__name__}"
         )
     if sharding is not None:
-        num_shards(sharding)
+        shards = num_shards(sharding)  # validates the sharding before anything is allocated
         targets = list(sharding.addressable_devices)
     else:
         targets = [device if device is not None else jax.devices()[0]]
@@ -75,7 +75,7 @@ def allocate(plan: Any, device: Any = None, sharding: Any = None) -> jax.Array:
         out_shardings=sharding,
     )
     arena = fill()
-    assert arena.shape == (num_shards(sharding) * rows, row_bytes)
+    assert arena.shape == (shards * rows, row_bytes)
     return arena
 
 
@@ -146,10 +146,20 @@ def _init_local(plan: Any) -> jax.Array:
 # -- views and writes ---------------------------------------------------------------------------
 
 
+def _shape_dtype(arena: Any) -> tuple[tuple[int, ...], Any]:
+    return tuple(getattr(arena, "shape", ())), getattr(arena, "dtype", None)
+
+
+def _is_plans_arena(plan: Any, arena: Any) -> bool:
+    """Whether `arena` has the plan's arena shape and dtype (`uint8[arena_shape]`)."""
+    shape, dtype = _shape_dtype(arena)
+    return shape == plan.arena_shape and dtype == jnp.uint8
+
+
 def check_arena(plan: Any, arena: Any, what: str) -> None:
     """`ArenaError` unless `arena` has this plan's arena shape and dtype."""
-    shape, dtype = tuple(getattr(arena, "shape", ())), getattr(arena, "dtype", None)
-    if shape != plan.arena_shape or dtype != jnp.uint8:
+    if not _is_plans_arena(plan, arena):
+        shape, dtype = _shape_dtype(arena)
         raise ArenaError(
             f"{what}: arena is {dtype}{list(shape)}, expected uint8{list(plan.arena_shape)}"
             " (a different plan's arena, or a sharded global array outside shard_map?)"
@@ -173,13 +183,12 @@ def fit_problems(plan: Any, uses: tuple[tuple[Any, ...], ...], arena: Any, what:
                 f"region {name!r} holds {region.nbytes} bytes but {dt.name}{list(dims)} "
                 f"needs {nbytes}{extra}"
             )
-    if arena is not None:
-        shape, dtype = tuple(getattr(arena, "shape", ())), getattr(arena, "dtype", None)
-        if shape != plan.arena_shape or dtype != jnp.uint8:
-            problems.append(
-                f"arena must be the plan's uint8{list(plan.arena_shape)} array, got "
-                f"{dtype}{list(shape)}"
-            )
+    if arena is not None and not _is_plans_arena(plan, arena):
+        shape, dtype = _shape_dtype(arena)
+        problems.append(
+            f"arena must be the plan's uint8{list(plan.arena_shape)} array, got "
+            f"{dtype}{list(shape)}"
+        )
     return problems
 
 
@@ -267,7 +276,7 @@ def guard_report(plan: Any, arena: Any) -> dict[str, tuple[jax.Device, ...]]:
     """`ArenaPlan.guard_report`: `{region name: devices whose guard after it broke}`."""
     if not plan.guard_bytes:
         raise ArenaError("check_guards: this plan has no guard bands (guard_bytes=0)")
-    shape, dtype = tuple(getattr(arena, "shape", ())), getattr(arena, "dtype", None)
+    shape, dtype = _shape_dtype(arena)
     rows = plan.arena_shape[0]
     sharded = (
         isinstance(arena, jax.Array)

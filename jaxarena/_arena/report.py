@@ -83,6 +83,7 @@ def packing_report(
 # -- the memory map ----------------------------------------------------------------------------
 
 _FONT = 6.5  # points, every label in a panel
+_KEY_COLUMN_IN = 2.5  # inches per column of the key
 _CHAR_W = 0.56  # a character's width as a share of the font size (DejaVu Sans, average)
 _LINE_H = 1.3  # a line's height as a share of the font size
 
@@ -264,7 +265,7 @@ def draw_plan(
     drawn = {rect[0]: rect[4] for p in panels for rect in p.rects}
     legend_names = [n for n in drawn if n in unlabelled]
     legend_cols = 1 if len(legend_names) <= 36 else 2
-    legend_w = 2.5 * legend_cols
+    legend_w = _KEY_COLUMN_IN * legend_cols
     width = left + sum(p.width_in for p in panels) + gap * (len(panels) - 1) + legend_w + right_pad
     text = figure_title(title or "arena", context, _totals(plan, sequential))
     chars = max(40, int((width - left) * 72 / (9 * 0.58)))  # 9-point title characters per line
@@ -327,7 +328,7 @@ def draw_plan(
     if entries:
         draw_key(fig, entries, left_in=x - gap + 0.15, top_in=bottom + axes_h,
                  title=_legend_title(lower is not None, bool(legend_names)), fontsize=_FONT,
-                 columns=legend_cols)  # fmt: skip
+                 columns=legend_cols, column_in=_KEY_COLUMN_IN)  # fmt: skip
     fig.suptitle("\n".join(lines), x=left / width, ha="left", y=1 - 0.12 / height, va="top",
                  fontsize=9)  # fmt: skip
     return fig
