@@ -304,3 +304,11 @@ def test_budget_and_fit_work_on_every_preset(capsys):
                              "--max-seq-len", "8192", "--json")  # fmt: skip
         assert code == 0, (name, err)
         assert json.loads(out)["max_batch_tokens"] >= 1
+
+
+def test_budget_reads_kimi_k2_as_its_architecture(capsys):
+    # Issue 31: transformers' count of Kimi-K2-Instruct read as DeepSeek-V3 (its architecture).
+    code, out, _ = run(capsys, "budget", "kimi-k2-instruct", "--memory", "141GB", "--tp", "8",
+                       "--ep", "8", "--target", "hopper")  # fmt: skip
+    assert code == 0
+    assert "1,026,408,209,408 parameters" in out and "[deepseek_v3]" in out

@@ -8,7 +8,8 @@ jaxarena's own parameter counts with this table without importing torch.
 Run it from the repository root in a separate virtual environment (see tools/README.md)::
 
     pip install torch==2.13.0 && pip install transformers safetensors numpy
-    python tools/make_param_counts.py
+    python tools/make_param_counts.py                 # every preset
+    python tools/make_param_counts.py deepseek-v3.2   # only these, merged into the table
 
 Per preset the table holds:
 
@@ -44,6 +45,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import tempfile
 import warnings
 from pathlib import Path
@@ -153,14 +155,28 @@ def _unused_parameters(model: torch.nn.Module) -> tuple[int, list[str]]:
     return unused, notes
 
 
+def _config(path: Path, raw: dict, entry: dict):
+    """transformers' config of a preset. A `model_type` transformers does not know (Kimi K2's
+    `kimi_k2`, whose remote code is a copy of DeepSeek-V3's) is read by the config class of
+    the model class its `architectures` names, as that architecture; `entry["read_as"]` says so.
+    """
+    if raw.get("model_type") not in transformers.models.auto.configuration_auto.CONFIG_MAPPING:
+        cls = _model_class(None, raw)
+        if cls is not None:
+            entry["read_as"] = cls.config_class.model_type
+            fields = {k: v for k, v in raw.items() if k not in ("model_type", "auto_map")}
+            return cls.config_class(**fields)
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "config.json").write_text(path.read_text())
+        return AutoConfig.from_pretrained(tmp)
+
+
 def count_preset(path: Path) -> dict:
     """The table entry for one preset (see the module docstring)."""
     raw = json.loads(path.read_text())
     entry: dict = {"model_type": raw.get("model_type"), "mtp_config": _mtp_keys(raw)}
     try:
-        with tempfile.TemporaryDirectory() as tmp:
-            (Path(tmp) / "config.json").write_text(path.read_text())
-            config = AutoConfig.from_pretrained(tmp)
+        config = _config(path, raw, entry)
         cls = _model_class(config, raw)
         with warnings.catch_warnings(), torch.device("meta"):
             warnings.simplefilter("ignore")
@@ -209,17 +225,24 @@ def count_preset(path: Path) -> dict:
     return entry
 
 
-def main() -> None:
+def main(only: list[str]) -> None:
+    """Counts every preset, or with preset names given, only those (merged into the table)."""
     torch.set_num_threads(1)
+    paths = sorted(PRESETS.glob("*.json"))
+    counted = {p.stem: count_preset(p) for p in paths if not only or p.stem in only}
+    missing = sorted(set(only) - set(counted))
+    if missing:
+        raise SystemExit(f"no such preset(s): {missing}")
+    kept = json.loads(OUT.read_text())["presets"] if only and OUT.exists() else {}
     table = {
         "transformers_version": transformers.__version__,
         "torch_version": torch.__version__,
         "generated_by": "tools/make_param_counts.py",
-        "presets": {p.stem: count_preset(p) for p in sorted(PRESETS.glob("*.json"))},
+        "presets": dict(sorted({**kept, **counted}.items())),
     }
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
-    for name, entry in table["presets"].items():
+    for name, entry in counted.items():
         if entry["known"]:
             kinds = ", ".join(f"{k} {v:,}" for k, v in entry["by_kind"].items())
             print(f"{name}: {entry['total']:,} ({entry['class']}; {kinds})")
@@ -230,4 +253,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -2,8 +2,9 @@
 
 `load` accepts a path to a `config.json`, a directory holding one, an already-loaded dict, or
 (with the optional `huggingface_hub` package) a hub repo id. `parse` turns one JSON object
-into a `ModelConfig`, routing on the top-level `model_type` (or, when that is absent, on the
-first entry of `architectures`).
+into a `ModelConfig`, routing on the top-level `model_type`; a `model_type` no family rule
+knows (or none) is read as the family its `architectures` entry or `auto_map.AutoConfig` class
+names (`hf_route`: Kimi K2's `kimi_k2` is DeepSeek-V3), with a note in `ModelConfig.source`.
 
 The parser reads what the architecture really is, which differs on purpose from the seed's Rust
 parser (spec §14.2) where that parser was wrong for the sizing:
@@ -54,11 +55,12 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from jaxarena._config.hf_json import Obj, show
+from jaxarena._config.hf_route import CLASS_STEMS, route
 from jaxarena._config.hf_weights import weight_fields
 from jaxarena._config.schema import INT_DEFAULTS
 from jaxarena._errors import ConfigError
 
-__all__ = ["parse", "DICT_SOURCE"]
+__all__ = ["parse", "known_model_types", "DICT_SOURCE"]
 
 DICT_SOURCE = "<dict>"
 
@@ -91,7 +93,10 @@ def parse(data: Any, *, source: str = DICT_SOURCE) -> dict[str, Any]:
             f"{type(data).__name__} {show(data)}"
         )
     top = Obj(data, "", source)
-    model_type = _route(top)
+    model_type, alias = route(top, known_model_types())
+    if alias:
+        source = f"{source} ({alias})"
+        top = Obj(data, "", source)
     arm = _ARMS.get(model_type, _generic)
     kw = arm(top, model_type)
     kw.update(weight_fields(top, _text(top), model_type, kw))
@@ -100,30 +105,10 @@ def parse(data: Any, *, source: str = DICT_SOURCE) -> dict[str, Any]:
 
 # -- routing -------------------------------------------------------------------------------------
 
-# When `model_type` is absent or empty (spec §14.2 lists the first four).
-_ARCHITECTURES = {
-    "LongcatFlashNgramForCausalLM": "longcat_flash_ngram",
-    "LongcatFlashForCausalLM": "longcat_flash",
-    "Qwen4ExpForConditionalGeneration": "qwen4_exp",
-    "Qwen3_8FlashNextForConditionalGeneration": "qwen4_exp",
-    "Mamba2ForCausalLM": "mamba2",
-    "NemotronHForCausalLM": "nemotron_h",
-    "JambaForCausalLM": "jamba",
-}
 
-
-def _route(top: Obj) -> str:
-    model_type = top.str("model_type")
-    if model_type:
-        return model_type
-    architectures = top.list("architectures") or []
-    first = architectures[0] if architectures else None
-    if first is not None and not isinstance(first, str):
-        raise ConfigError(
-            f"{top.source}: architectures[0]={show(first)} must be a string, got "
-            f"{type(first).__name__}"
-        )
-    return _ARCHITECTURES.get(first or "", "")
+def known_model_types() -> frozenset[str]:
+    """Every `model_type` this parser reads by a rule of its own or as a generic family."""
+    return frozenset(_ARMS) | frozenset(_GENERIC_FAMILIES)
 
 
 def _text(top: Obj) -> Obj:
@@ -245,10 +230,13 @@ _GENERIC_FAMILIES = (
 def _generic(top: Obj, model_type: str) -> dict[str, Any]:
     obj = _text(top)
     if not obj.has("hidden_size") and model_type not in _GENERIC_FAMILIES:
+        named = top.list("architectures") or []
         raise ConfigError(
-            f"{top.source}: model_type={model_type!r} is not a family this parser knows and "
-            f"the config has no usable generic fields (key {obj.key('hidden_size')} is "
-            f"missing); known families: {sorted(_GENERIC_FAMILIES + tuple(_ARMS))}"
+            f"{top.source}: model_type={model_type!r} is not a family this parser knows, "
+            f"neither is architectures={show(named)} (nor auto_map.AutoConfig), and the config "
+            f"has no usable generic fields (key {obj.key('hidden_size')} is missing); known "
+            f"families: {sorted(known_model_types())}; known classes: "
+            f"<stem>ForCausalLM etc. for stems {sorted(CLASS_STEMS)}"
         )
     kw = _by_name(obj)
     _vocab(kw, top)

@@ -239,6 +239,23 @@ def _mla(c: Any, n: int, out: list[WeightTensor]) -> None:
             WeightTensor(a, "self_attn.kv_a_proj_with_mqa.bias", (lora_kv + rope,), n),
             WeightTensor(a, "self_attn.o_proj.bias", (h,), n),
         ]
+    if c.model_type == "deepseek_v32" and c.index_n_heads:
+        _lightning_indexer(c, n, out)
+
+
+def _lightning_indexer(c: Any, n: int, out: list[WeightTensor]) -> None:
+    """DeepSeek-V3.2's per-layer lightning indexer (transformers' `DeepseekV32Indexer`): `wq_b`
+    from the query latent to `index_n_heads * index_head_dim`, one shared key `wk`, a LayerNorm
+    `k_norm` (weight and bias) on it, and `weights_proj` giving one weight per indexer head."""
+    h, heads, dim = c.hidden_size, c.index_n_heads, c.index_head_dim
+    a, pre = "attention", "self_attn.indexer."
+    out += [
+        WeightTensor(a, pre + "wq_b.weight", (heads * dim, c.q_lora_rank or h), n, fp8=True),
+        WeightTensor(a, pre + "wk.weight", (dim, h), n, fp8=True),
+        WeightTensor("norms", pre + "k_norm.weight", (dim,), n),
+        WeightTensor("norms", pre + "k_norm.bias", (dim,), n),
+        WeightTensor(a, pre + "weights_proj.weight", (heads, h), n),
+    ]
 
 
 def _v4_attention(c: Any, n: int, out: list[WeightTensor]) -> None:

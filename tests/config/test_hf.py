@@ -36,6 +36,7 @@ def parse(data, *, source=hf_families.DICT_SOURCE):
 def parse_json_text(text, *, source):
     return ModelConfig(**hf_source.parse_json_text(text, source=source))
 
+
 PRESET_DIR = Path(jaxarena.__file__).parent / "presets"
 PRESET_JSON = {p.stem: json.loads(p.read_text()) for p in sorted(PRESET_DIR.glob("*.json"))}
 
@@ -623,3 +624,40 @@ def test_garbage_files_raise_only_config_error(raw):
         result = _outcome(load, path)
         if isinstance(result, ConfigError):
             assert str(path) in str(result)
+
+
+# -- routing by architecture (issue 31) ---------------------------------------------------------
+
+
+def test_unknown_model_type_is_read_as_its_architecture():
+    # Kimi K2: `model_type: kimi_k2`, `architectures: ["DeepseekV3ForCausalLM"]`. Read by the
+    # generic arm it lost `first_k_dense_replace: 1` (every layer MoE, 16.6 B parameters more).
+    cfg = load(PRESET_JSON["kimi-k2-instruct"])
+    assert cfg.model_type == "deepseek_v3"
+    assert "model_type 'kimi_k2' read as 'deepseek_v3'" in cfg.source
+    assert cfg.ffn_layer_types == ("dense",) + ("moe",) * 60
+    as_v3 = load(dict(PRESET_JSON["kimi-k2-instruct"], model_type="deepseek_v3"))
+    assert cfg == as_v3 and as_v3.source == "<dict>"  # no note when nothing was rerouted
+
+
+def test_auto_map_config_class_routes_when_architectures_does_not():
+    data = dict(PRESET_JSON["kimi-k2-instruct"], architectures=["KimiK2ForCausalLM"])
+    cfg = load(data)
+    assert cfg.model_type == "deepseek_v3"
+    assert "auto_map.AutoConfig='configuration_deepseek.DeepseekV3Config'" in cfg.source
+
+
+def test_renamed_model_type_with_a_known_class_routes_to_it():
+    # A fine-tune that renamed `model_type` but kept Qwen3-MoE's class: its `mlp_only_layers`
+    # rule applies, which the generic arm would not read.
+    data = dict(PRESET_JSON["qwen3-30b-a3b"], model_type="my_finetune", mlp_only_layers=[0])
+    cfg = load(data)
+    assert cfg.model_type == "qwen3_moe" and cfg.ffn_layer_types[:2] == ("dense", "moe")
+    assert "from architectures[0]='Qwen3MoeForCausalLM'" in cfg.source
+
+
+def test_neither_model_type_nor_class_known_names_both_keys():
+    with pytest.raises(ConfigError, match=r"model_type='brand_new_arch'.*architectures=\['X'\]"):
+        load(dict(model_type="brand_new_arch", architectures=["X"], d_model=512))
+    with pytest.raises(ConfigError, match=r"architectures\[1\]=3 must be a string"):
+        load(dict(model_type="brand_new_arch", architectures=["X", 3], hidden_size=8))

@@ -59,6 +59,25 @@ ABSENT = dict(
 
 # One row per bundled preset. `layers` is num_hidden_layers, `attn` num_attention_layers.
 EXPECTED: dict[str, dict] = {
+    # Kimi K2: `model_type: kimi_k2`, read as its architecture (DeepseekV3ForCausalLM).
+    "kimi-k2-instruct": dict(
+        model_type="deepseek_v3",
+        hidden_size=7168,
+        layers=61,
+        attn=61,
+        num_attention_heads=64,
+        num_key_value_heads=64,
+        head_dim=192,  # 128 + 64
+        vocab_size=163840,
+        intermediate_size=18432,
+        num_experts=384,
+        num_experts_per_tok=8,
+        moe_intermediate_size=2048,
+        shared_expert_intermediate_size=2048,
+        kv_lora_rank=512,
+        q_lora_rank=1536,
+        qk_rope_head_dim=64,
+    ),
     "llama3.1-8b": dict(
         model_type="llama",
         hidden_size=4096,
@@ -268,6 +287,29 @@ EXPECTED: dict[str, dict] = {
         q_lora_rank=1536,
         qk_rope_head_dim=64,
     ),
+    # DeepSeek-V3's published config with V3.2's `model_type`, architecture and the three
+    # lightning-indexer keys its published config.json adds (their values as published).
+    "deepseek-v3.2": dict(
+        model_type="deepseek_v32",
+        hidden_size=7168,
+        layers=61,
+        attn=61,
+        num_attention_heads=128,
+        num_key_value_heads=128,
+        head_dim=192,
+        vocab_size=129280,
+        intermediate_size=18432,
+        num_experts=256,
+        num_experts_per_tok=8,
+        moe_intermediate_size=2048,
+        shared_expert_intermediate_size=2048,
+        kv_lora_rank=512,
+        q_lora_rank=1536,
+        qk_rope_head_dim=64,
+        index_n_heads=64,
+        index_head_dim=128,
+        index_topk=2048,
+    ),
     "deepseek-v4-flash-fixture": dict(
         model_type="deepseek_v4",
         hidden_size=4096,
@@ -454,13 +496,22 @@ def test_every_preset_has_a_row():
     assert sorted(presets()) == sorted(EXPECTED)
 
 
+# Presets whose `model_type` the parser routes by their architecture, with the note it keeps.
+ROUTED = {
+    "kimi-k2-instruct": (
+        "model_type 'kimi_k2' read as 'deepseek_v3', from architectures[0]='DeepseekV3ForCausalLM'"
+    ),
+}
+
+
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_preset_fields(name):
     cfg = load_preset(name)
     want = {**ABSENT, **EXPECTED[name]}
     model_type = want.pop("model_type")
     assert cfg.model_type == model_type
-    assert cfg.source == f"jaxarena/presets/{name}.json"
+    note = ROUTED.get(name)
+    assert cfg.source == f"jaxarena/presets/{name}.json" + (f" ({note})" if note else "")
     assert _observed(cfg, want) == want
     hash(cfg)  # usable as a static jit argument
 
@@ -474,6 +525,7 @@ PUBLISHED_CONFIG_SHA256 = {
     "deepseek-v3": "fed8c13b4637058cd68e600bd4bf7dc734bda4594dd583e3b49fa27c6e123cc6",
     "deepseek-v4-flash-fixture": "afe02c1fd6cd33b385ca4f110d27b3137b9ef806ca6d25955fb6cf9bef903a4e",
     "gpt-oss-20b": "fcfce87c5277689cce2b8c8ef5336a7385157bfe623dbe321cfe4904b0942102",
+    "kimi-k2-instruct": "9627bdae54d551099a2490e2b12a96c7017e8564e961551466f93ecbe5a751bd",
     "llama3.1-8b": "bf0a9ac88871834860e816600ee6174a576f3086b3845173463db3e997eb26d1",
     "longcat-flash-lite-fixture": "c37a49f777ffa3b46374653f1292d720a0a24f0b0413b4b5b743272f6206a594",
     "longcat-flash": "1e5f37b931e9b251fe6ab836426070d686fabf8a799de37876a76b646332ee3a",
@@ -494,7 +546,9 @@ PUBLISHED_CONFIG_SHA256 = {
 
 
 def _canonical_sha256(obj) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return hashlib.sha256(
+        json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+    ).hexdigest()
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED_CONFIG_SHA256))
@@ -504,7 +558,10 @@ def test_preset_is_the_published_config(name):
 
 
 def test_every_published_preset_has_a_digest():
-    assert sorted(set(EXPECTED) - {"tiny-hybrid"}) == sorted(PUBLISHED_CONFIG_SHA256)
+    # deepseek-v3.2 is assembled (see its EXPECTED row), tiny-hybrid is our own.
+    assert sorted(set(EXPECTED) - {"tiny-hybrid", "deepseek-v3.2"}) == sorted(
+        PUBLISHED_CONFIG_SHA256
+    )
 
 
 def test_shared_model_files_agree_with_the_recorded_digests():
@@ -513,9 +570,10 @@ def test_shared_model_files_agree_with_the_recorded_digests():
     files = sorted(SHARED_MODELS.glob("*.json")) if SHARED_MODELS.is_dir() else []
     for path in files:
         if path.stem in PUBLISHED_CONFIG_SHA256:
-            assert _canonical_sha256(json.loads(path.read_text())) == PUBLISHED_CONFIG_SHA256[
-                path.stem
-            ], path
+            assert (
+                _canonical_sha256(json.loads(path.read_text()))
+                == PUBLISHED_CONFIG_SHA256[path.stem]
+            ), path
 
 
 def test_preset_equals_from_hf_of_its_file():
