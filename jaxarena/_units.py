@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import operator
 import re
 from collections.abc import Mapping
 from fractions import Fraction
@@ -23,6 +24,8 @@ __all__ = [
     "ceil16",
     "is_pow2",
     "is_int",
+    "as_index",
+    "plural",
     "size_items",
     "format_bytes",
     "parse_memory",
@@ -50,13 +53,29 @@ def ceil16(x: int) -> int:
 
 
 def is_pow2(x: Any) -> bool:
-    """True for a positive Python int that is a power of two."""
-    return isinstance(x, int) and x > 0 and (x & (x - 1)) == 0
+    """True for a positive Python int (not a bool) that is a power of two."""
+    return isinstance(x, int) and not isinstance(x, bool) and x > 0 and (x & (x - 1)) == 0
 
 
 def is_int(x: Any) -> bool:
     """True for an integral number that is not a bool."""
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def as_index(value: Any) -> Any:
+    """`value` as a Python int when it is an integer of any type (`int`, `np.int64`, ...: what
+    `operator.index` accepts), else `value` unchanged, bools included, so the caller's own
+    check names it. Every int argument of the plan API passes through this once, so its
+    validators see one type."""
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        return value
+    return operator.index(value)
+
+
+def plural(count: int, noun: str, plural_form: str | None = None) -> str:
+    """`'1 sequence'`, `'2 sequences'`, `'1,568 tokens'`: the count with thousands separators
+    and the noun in the number it needs (`plural_form` for irregular nouns)."""
+    return f"{count:,} {noun if count == 1 else plural_form or noun + 's'}"
 
 
 def size_items(sizes: Any) -> list[tuple[str, int]]:

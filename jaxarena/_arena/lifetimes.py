@@ -33,6 +33,7 @@ from typing import Any, NamedTuple
 
 from jaxarena._arena import schedule
 from jaxarena._errors import ArenaError
+from jaxarena._units import as_index
 from jaxarena._units import is_int as _is_int
 from jaxarena._units import is_pow2 as _is_pow2
 from jaxarena._units import round_up as _round_up
@@ -43,6 +44,7 @@ __all__ = [
     "Lifetimes",
     "Peak",
 ]
+
 
 class Interval(NamedTuple):
     """Steps `[start, end)` of `mode` during which a buffer is live (`0 <= start < end`)."""
@@ -425,6 +427,7 @@ def first_common(a: Sequence[Interval], b: Sequence[Interval]) -> Interval | Non
 
 def _footprints(sizes: Any, align_bytes: int, guard_bytes: int) -> dict[str, int]:
     """`{name: round_up(nbytes + guard, align)}` of the non-empty buffers of `sizes`."""
+    align_bytes, guard_bytes = as_index(align_bytes), as_index(guard_bytes)
     if not _is_pow2(align_bytes):
         raise ArenaError(f"align_bytes={align_bytes!r} must be a power of two")
     if not _is_int(guard_bytes) or guard_bytes < 0:

@@ -28,7 +28,7 @@ from typing import Any
 
 from jaxarena._arena.lifetimes import Interval, Lifetimes, first_common
 from jaxarena._errors import ArenaError
-from jaxarena._units import ROW_BYTES, is_pow2
+from jaxarena._units import ROW_BYTES, as_index, is_pow2
 from jaxarena._units import round_up as _round_up
 from jaxarena._units import size_items as _size_items
 
@@ -135,6 +135,7 @@ def packed_layout(
             "lifetimes must be a Lifetimes (Lifetimes.standard(config), "
             f"record_lifetimes(...)), got {type(lifetimes).__name__}"
         )
+    align_bytes, guard_bytes = as_index(align_bytes), as_index(guard_bytes)
     if not is_pow2(align_bytes):
         raise ArenaError(f"align_bytes={align_bytes!r} must be a power of two")
     if isinstance(guard_bytes, bool) or not isinstance(guard_bytes, int) or guard_bytes < 0:

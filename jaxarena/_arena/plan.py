@@ -21,7 +21,7 @@ import numpy as np
 from jaxarena._arena import packing
 from jaxarena._arena.lifetimes import Lifetimes
 from jaxarena._errors import ArenaError
-from jaxarena._units import ROW_BYTES, format_bytes
+from jaxarena._units import ROW_BYTES, as_index, format_bytes, plural
 from jaxarena._units import is_pow2 as _is_pow2
 from jaxarena._units import round_up as _round_up
 from jaxarena._units import size_items as _size_items
@@ -39,6 +39,10 @@ class Region:
     name: str
     offset_bytes: int
     nbytes: int
+
+    def __post_init__(self) -> None:
+        for field in ("offset_bytes", "nbytes"):  # np.int64 and friends become ints
+            object.__setattr__(self, field, as_index(getattr(self, field)))
 
     @property
     def end_bytes(self) -> int:
@@ -114,6 +118,8 @@ class ArenaPlan:
     regions: Mapping[str, Region] = dataclasses.field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        for field in ("total_bytes", "align_bytes", "guard_bytes"):  # one int type from here on
+            object.__setattr__(self, field, as_index(getattr(self, field)))
         problems = _field_problems(self)
         if problems:  # wrong types: the layout checks below would only fail less clearly
             raise ArenaError("invalid ArenaPlan:\n  - " + "\n  - ".join(problems))
@@ -183,9 +189,10 @@ class ArenaPlan:
             `allocate` and checked by `check_guards`.
         """
         items = _size_items(sizes)
+        align_bytes, guard_bytes = as_index(align_bytes), as_index(guard_bytes)
         if not _is_pow2(align_bytes):
             raise ArenaError(f"align_bytes={align_bytes!r} must be a power of two")
-        if not isinstance(guard_bytes, int) or guard_bytes < 0:
+        if isinstance(guard_bytes, bool) or not isinstance(guard_bytes, int) or guard_bytes < 0:
             raise ArenaError(f"guard_bytes={guard_bytes!r} must be an int >= 0")
         regions, offset = [], 0
         for name, nbytes in items:
@@ -233,7 +240,8 @@ class ArenaPlan:
         lines.insert(1, "  ".join("-" * w for w in widths))
         lines.append(
             f"total: {self.total_bytes:,} bytes ({format_bytes(self.total_bytes)}) in "
-            f"{len(self.region_list)} regions, align {self.align_bytes}, guard {self.guard_bytes}"
+            f"{plural(len(self.region_list), 'region')}, align {self.align_bytes}, guard "
+            f"{self.guard_bytes}"
         )
         return "\n".join(lines)
 
@@ -415,6 +423,6 @@ class ArenaPlan:
         problems = packing.plan_violations(self.region_list, self.guard_bytes, lt)
         if problems:
             raise ArenaError(
-                f"plan violates its lifetimes ({len(problems)} problems):\n  - "
+                f"plan violates its lifetimes ({plural(len(problems), 'problem')}):\n  - "
                 + "\n  - ".join(problems)
             )

@@ -19,6 +19,7 @@ from jaxarena import (
     ArenaPlan,
     BufferSizes,
     Levers,
+    Lifetimes,
     ModelConfig,
     Region,
     Target,
@@ -207,3 +208,35 @@ def test_from_config_names_a_mistyped_target_or_levers(kw, needle):
     kw = {"levers": Levers(), "target": Target.preset("gb10"), **kw}
     with pytest.raises(ValueError, match=needle):
         BufferSizes.from_config(cfg, 64, 128, 16, 4, **kw)
+
+
+# -- issue 30: numpy integers are integers everywhere in the plan API -----------------------------
+
+
+@pytest.mark.parametrize("np_int", [np.int64, np.uint32, np.int16])
+def test_numpy_integer_arguments_give_the_same_plan(np_int):
+    # Before: sequential said "align_bytes=256 must be a power of two" for np.int64(256) and
+    # "guard_bytes=64 must be an int >= 0" for np.int64(64), while packed took both.
+    sizes = {"a": 1000, "b": 24, "c": 300}
+    lt = Lifetimes({"a": [("m", 0, 1)], "b": [("m", 1, 2)], "c": [("m", 0, 2)]})
+    for build, args in ((ArenaPlan.sequential, ()), (ArenaPlan.packed, (lt,))):
+        plain = build(sizes, *args, align_bytes=256, guard_bytes=64)
+        numpy = build(sizes, *args, align_bytes=np_int(256), guard_bytes=np_int(64))
+        assert numpy == plain
+        assert type(numpy.align_bytes) is int and type(numpy.guard_bytes) is int
+        assert all(type(r.offset_bytes) is int for r in numpy.region_list)
+    assert lt.lower_bound_bytes(sizes, align_bytes=np_int(256), guard_bytes=np_int(64)) == (
+        lt.lower_bound_bytes(sizes, align_bytes=256, guard_bytes=64)
+    )
+    direct = ArenaPlan((Region("a", np_int(0), np_int(16)),), np_int(256), np_int(256))
+    assert direct == ArenaPlan((Region("a", 0, 16),), 256, 256)
+    assert type(direct.total_bytes) is int and type(direct.region_list[0].nbytes) is int
+
+
+def test_non_integers_are_still_refused_by_name():
+    with pytest.raises(ArenaError, match="align_bytes=True must be a power of two"):
+        ArenaPlan.sequential({"a": 1}, align_bytes=True)
+    with pytest.raises(ArenaError, match="guard_bytes=1.0 must be an int >= 0"):
+        ArenaPlan.sequential({"a": 1}, guard_bytes=1.0)
+    with pytest.raises(ArenaError, match="guard_bytes=-1 must be an int >= 0"):
+        ArenaPlan.sequential({"a": 1}, guard_bytes=np.int64(-1))
