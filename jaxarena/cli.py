@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from collections.abc import Sequence
@@ -34,15 +35,10 @@ from jaxarena import (
     presets,
 )
 from jaxarena._arena.report import plot_plan
-from jaxarena._units import format_bytes
+from jaxarena._cli_options import DEFAULT_LIMITS, add_budget_options, add_limits
+from jaxarena._units import format_bytes, plural
 
 DEFAULT_MODEL = "qwen3-8b"
-DEFAULT_LIMITS = {
-    "max_batch_tokens": 8192,
-    "max_seq_len": 32768,
-    "kv_block_size": 16,
-    "max_batch_size": 64,
-}
 
 
 class CliError(Exception):
@@ -50,12 +46,20 @@ class CliError(Exception):
 
 
 # Errors that mean "the input was wrong", not "jaxarena has a bug": `main` prints each as one
-# line and exits with status 2. (ConfigError and ArenaError are ValueErrors; ImportError is a
-# missing optional extra such as matplotlib; MemoryError / OverflowError a size past the machine.)
-EXPECTED_ERRORS = (
-    CliError, ConfigError, ArenaError, ValueError, OSError, NotImplementedError, ImportError,
-    MemoryError, OverflowError,
+# line and exits with status 2 (ConfigError and ArenaError name the bad value; OSErrors of a
+# path the user gave; NotImplementedError is a valid request jaxarena does not support;
+# MemoryError a serve past the machine). `CheckpointError` (jaxarena.models) is one too, looked
+# up without importing the models (`_is_user_error`). Anything else is a bug: its traceback is
+# shown. With JAXARENA_TRACEBACK=1 every error shows its traceback.
+USER_ERRORS = (
+    CliError, ConfigError, ArenaError, NotImplementedError, FileNotFoundError, PermissionError,
+    IsADirectoryError, NotADirectoryError, MemoryError,
 )  # fmt: skip
+TRACEBACK_ENV = "JAXARENA_TRACEBACK"
+EPILOG = (
+    "Input errors are one line on stderr, exit status 2; set JAXARENA_TRACEBACK=1 to see the "
+    "traceback of any error. Other errors are bugs: their traceback is always shown."
+)
 
 # No count the CLI takes (tokens, sequences, degrees, bytes of alignment) is meaningful past
 # 2^62; a larger one is a typo, refused up front instead of overflowing a float downstream.
@@ -88,8 +92,16 @@ def _load_model(spec: str | None):
     raise CliError(f"no preset or file named {name!r}; presets: {', '.join(presets())}")
 
 
-def _target(name: str):
-    return Target.detect() if name == "auto" else Target.preset(name)
+def _resolve_target(name: str) -> Target:
+    """The `Target` of `--target`, resolved once per command (before: at every sizing, so
+    `fit --arena-only` asked jax for its device at every bisection step). `auto` is jax's
+    default device and the one spelling that imports jax."""
+    if name == "auto":
+        return Target.detect()
+    try:
+        return Target.preset(name)
+    except ValueError as e:
+        raise CliError(f"--target {name!r}: {e}") from None
 
 
 def _sizes(args: argparse.Namespace, config, max_batch_tokens: int | None = None):
@@ -100,7 +112,7 @@ def _sizes(args: argparse.Namespace, config, max_batch_tokens: int | None = None
         args.kv_block_size,
         args.max_batch_size,
         levers=Levers.from_env(),
-        target=_target(args.target),
+        target=args.target,
     )
 
 
@@ -131,7 +143,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             "model": args.model or DEFAULT_MODEL,
             "model_type": config.model_type,
             "limits": limits,
-            "target": _target(args.target).name,
+            "target": args.target.name,
             "tp": args.tp,
             "ep": args.ep,
             "align_bytes": args.align,
@@ -152,8 +164,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         where = f" (tp={args.tp}, ep={args.ep}, per device)" if args.tp * args.ep > 1 else ""
         print(
             f"model {args.model or DEFAULT_MODEL} [{config.model_type or 'custom'}]{where}, "
-            f"target {_target(args.target).name}, "
-            + ", ".join(f"{k}={v}" for k, v in limits.items())
+            f"target {args.target.name}, " + ", ".join(f"{k}={v}" for k, v in limits.items())
         )
         print(plan.describe())
         print(
@@ -177,7 +188,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             title=f"{args.model or DEFAULT_MODEL} [{config.model_type or 'custom'}]: "
             + ("packed arena" if packed_plan is not None else "sequential arena"),
             context=[
-                f"target {_target(args.target).name}{mesh}, align {args.align} B, "
+                f"target {args.target.name}{mesh}, align {args.align} B, "
                 + ", ".join(f"{k}={v}" for k, v in limits.items())
             ],
             sequential=plan if packed_plan is not None else None,
@@ -199,10 +210,11 @@ def _budget_for(args: argparse.Namespace, config, **changes) -> MemoryBudget:
         ep=args.ep,
         weights=args.weights,
         kv_dtype=args.kv_dtype,
+        state_dtype=args.state_dtype,
         arena="packed" if args.packed else "sequential",
         reserve=None if args.reserve is None else _memory(args.reserve, "--reserve", zero=True),
         levers=Levers.from_env(),
-        target=_target(args.target),
+        target=args.target,
         align_bytes=args.align,
     )
     kw.update(changes)
@@ -226,7 +238,7 @@ def _budget_table(b: MemoryBudget, name: str) -> str:
         ("free for KV + state", b.free_bytes, ""),
         ("KV per token", b.kv_bytes_per_token, f"{b.kv_dtype}, full-attention layers"),
         ("state per sequence", b.state_bytes_per_sequence, "SSM / GDN / sliding-window"),
-        ("one sequence", b.sequence_bytes, f"{b.max_seq_len:,} tokens + state"),
+        ("one sequence", b.sequence_bytes, f"{plural(b.max_seq_len, 'token')} + state"),
     ]
     width = max(len(r[0]) for r in rows)
     lines = [
@@ -243,7 +255,7 @@ def _budget_table(b: MemoryBudget, name: str) -> str:
         return "unbounded (no growing KV cache)" if v is None else f"{v:,}"
 
     lines.append(f"max_kv_tokens {opt(b.max_kv_tokens)}, max_kv_blocks {opt(b.max_kv_blocks)}"
-                 f", max_sequences {b.max_sequences:,} (of {b.max_seq_len:,} tokens)")  # fmt: skip
+                 f", max_sequences {b.max_sequences:,} (of {plural(b.max_seq_len, 'token')})")  # fmt: skip
     if b.mtp_param_count:
         lines.append(f"not loaded: {b.mtp_param_count:,} MTP parameters")
     lines.append(b.message())
@@ -271,6 +283,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
         return _fit_arena_only(args)
     config = _load_model(args.model)
     n = args.sequences
+    if n < 1:
+        raise CliError(f"--sequences {n} must be >= 1")
     if args.max_batch_size is None:
         args.max_batch_size = max(DEFAULT_LIMITS["max_batch_size"], n)
     elif args.max_batch_size < n:
@@ -283,8 +297,9 @@ def cmd_fit(args: argparse.Namespace) -> int:
     if m is None:
         advice = ", or ".join(b.alternatives()) if n == 1 else ""
         raise CliError(
-            f"even max_batch_tokens=1 needs {format_bytes(b.required_bytes(n))} for {n} "
-            f"sequence(s) of {args.max_seq_len} tokens, more than --memory {args.memory} "
+            f"even max_batch_tokens=1 needs {format_bytes(b.required_bytes(n))} for "
+            f"{plural(n, 'sequence')} of {plural(args.max_seq_len, 'token')}, more than "
+            f"--memory {args.memory} "
             f"({format_bytes(b.memory_bytes)})" + (f"; would fit with: {advice}" if advice else "")
         )
     best = b.replace(max_batch_tokens=m)
@@ -293,7 +308,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2))
     else:
         print(
-            f"largest max_batch_tokens with {n:,} sequence(s) of {args.max_seq_len:,} tokens "
+            f"largest max_batch_tokens with {plural(n, 'sequence')} of "
+            f"{plural(args.max_seq_len, 'token')} "
             f"within {format_bytes(best.memory_bytes)} per device: {m:,} (weights "
             f"{format_bytes(best.weight_bytes)} + arena {format_bytes(best.arena_bytes)} + "
             f"reserve {format_bytes(best.reserve_bytes)} + KV/state "
@@ -395,78 +411,25 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return run_generate(args, CliError)
 
 
-def _add_limits(
-    p: argparse.ArgumentParser, *, with_tokens: bool = True, batch_default: int | None = 64
-) -> None:
-    if with_tokens:
-        p.add_argument("--max-batch-tokens", type=int, default=DEFAULT_LIMITS["max_batch_tokens"],
-                       help="token rows of one forward pass (default %(default)s)")  # fmt: skip
-    p.add_argument("--max-seq-len", type=int, default=DEFAULT_LIMITS["max_seq_len"],
-                   help="longest sequence (default %(default)s)")  # fmt: skip
-    p.add_argument("--kv-block-size", type=int, default=DEFAULT_LIMITS["kv_block_size"],
-                   help="paged-KV block size in tokens, 0 = unpaged (default %(default)s)")  # fmt: skip
-    p.add_argument("--max-batch-size", type=int, default=batch_default,
-                   help="sequence slots (default %(default)s)" if batch_default else
-                   "sequence slots (default: the larger of 64 and --sequences)")  # fmt: skip
-    p.add_argument("--target", default="auto",
-                   help="hardware target: gb10, hopper, b200, b300, ... or auto (default)")  # fmt: skip
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (per-device plan)")
-    p.add_argument("--ep", type=int, default=1, help="expert-parallel degree (per-device plan)")
-    p.add_argument("--align", type=int, default=256, help="region alignment in bytes")
-    p.add_argument("--packed", action="store_true",
-                   help="also pack buffers that are never live together")  # fmt: skip
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-
-
-def _add_budget_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--memory",
-        required=True,
-        help="memory of ONE device, e.g. 141GB (10^9), 24GiB (2^30), 80e9",
-    )
-    p.add_argument(
-        "--weights",
-        choices=("bf16", "fp8"),
-        default="bf16",
-        help="weight format: bf16, or fp8 with 128x128 block scales (default bf16)",
-    )
-    p.add_argument(
-        "--kv-dtype",
-        choices=("bf16", "fp8"),
-        default="bf16",
-        help="KV-cache element type (default bf16)",
-    )
-    p.add_argument(
-        "--state-dtype",
-        choices=("f32", "bf16"),
-        default="f32",
-        help="SSM / gated-delta-net state type (default f32)",
-    )
-    p.add_argument(
-        "--reserve",
-        default=None,
-        help="memory left to the runtime and XLA, e.g. 4GiB (default 1 GiB + 5%%)",
-    )
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="jaxarena",
         description="Size, plan and try out a static LLM inference workspace arena.",
+        epilog=EPILOG,
     )
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("plan", help="every buffer of a model's arena, with offsets")
     p.add_argument("model", nargs="?", default=None,
                    help=f"preset name, config.json path or directory (default {DEFAULT_MODEL})")  # fmt: skip
-    _add_limits(p)
+    add_limits(p)
     p.add_argument("--plot", metavar="PNG", help="draw the arena as a memory map (matplotlib)")
     p.set_defaults(func=cmd_plan)
     b = sub.add_parser(
         "budget", help="weights + arena + reserve + KV cache and states on each device"
     )
     b.add_argument("model", help="preset name, config.json path or directory")
-    _add_budget_options(b)
-    _add_limits(b)
+    add_budget_options(b)
+    add_limits(b)
     b.add_argument("--plot", metavar="PNG", help="draw one stacked bar per device (matplotlib)")
     b.set_defaults(func=cmd_budget)
     f = sub.add_parser(
@@ -474,7 +437,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the largest max_batch_tokens leaving room for --sequences full-length sequences",
     )
     f.add_argument("model", help="preset name, config.json path or directory")
-    _add_budget_options(f)
+    add_budget_options(f)
     f.add_argument(
         "--sequences",
         type=int,
@@ -486,7 +449,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="the old meaning: the largest max_batch_tokens whose arena alone fits",
     )
-    _add_limits(f, with_tokens=False, batch_default=None)
+    add_limits(f, with_tokens=False, batch_default=None)
     f.set_defaults(func=cmd_fit)
     d = sub.add_parser("demo", help="run the reference hybrid model's decode loop on the arena")
     d.add_argument("--steps", type=int, default=32,
@@ -512,6 +475,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--packed", action="store_true", help="pack the arena by buffer lifetimes")
     g.add_argument("--json", action="store_true", help="machine-readable output")
     g.set_defaults(func=cmd_generate)
+    for command in sub.choices.values():
+        command.epilog = EPILOG
     return parser
 
 
@@ -519,7 +484,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `jaxarena` console script; returns the exit status.
 
     Exit status 2 with ONE line on stderr for every input error: argparse usage errors (with a
-    `--help` hint), a count past `MAX_CLI_INT`, and every `EXPECTED_ERRORS` a command raises.
+    `--help` hint), a count past `MAX_CLI_INT`, and every `USER_ERRORS` a command raises. Any
+    other exception propagates with its traceback (a bug); with the environment variable
+    `JAXARENA_TRACEBACK=1` input errors propagate too.
     """
     parser = build_parser()
     try:
@@ -528,10 +495,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         return e.code if isinstance(e.code, int) else 2
     try:
         _check_args(args)
+        if args.command in ("plan", "budget", "fit"):
+            args.target = _resolve_target(args.target)
         return args.func(args)
-    except EXPECTED_ERRORS as e:
+    except Exception as e:
+        if not _is_user_error(e) or os.environ.get(TRACEBACK_ENV, "0") not in ("", "0"):
+            raise
         print(f"jaxarena: error: {_one_line(e)}", file=sys.stderr)
         return 2
+
+
+def _is_user_error(e: BaseException) -> bool:
+    if isinstance(e, USER_ERRORS):
+        return True
+    # Only a loaded checkpoint module can have raised its error: no import (and no jax) here.
+    checkpoint = sys.modules.get("jaxarena.models.checkpoint")
+    return checkpoint is not None and isinstance(e, checkpoint.CheckpointError)
 
 
 def _one_line(e: BaseException) -> str:
@@ -555,7 +534,10 @@ def _check_args(args: argparse.Namespace) -> None:
     if getattr(args, "plot", None):
         from jaxarena._figure import pyplot
 
-        pyplot()  # ImportError naming the extra to install, before anything is computed
+        try:
+            pyplot()  # before anything is computed
+        except ImportError as e:  # the message names the extra to install
+            raise CliError(str(e)) from None
 
 
 if __name__ == "__main__":

@@ -9,7 +9,15 @@ import sys
 
 import pytest
 
-from jaxarena import ArenaPlan, BufferSizes, Levers, MemoryBudget, ModelConfig, Target
+from jaxarena import (
+    ArenaPlan,
+    BufferSizes,
+    ConfigError,
+    Levers,
+    MemoryBudget,
+    ModelConfig,
+    Target,
+)
 from jaxarena._sizing.budget import BUDGET_KEYS
 from jaxarena.cli import main, parse_memory
 
@@ -184,13 +192,17 @@ with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.St
         main(["plan", "tiny-hybrid", "--packed", "--target", "hopper", "--plot", {str(tmp_path / "m.png")!r}]),
         main(["budget", "qwen3-8b", "--memory", "80GiB", "--target", "hopper", "--plot", {str(tmp_path / "b.png")!r}]),
         main(["fit", "qwen3-8b", "--memory", "80GiB", "--target", "hopper"]),
+        # Issue 30: the default target is named (gb10), so no flag still means no jax.
+        main(["plan", "tiny-hybrid"]),
+        main(["budget", "tiny-hybrid", "--memory", "80GiB"]),
+        main(["fit", "tiny-hybrid", "--memory", "8GiB", "--arena-only"]),
     ]
 print(codes, sorted(m for m in sys.modules if m == "jax" or m.startswith(("jax.", "jaxlib"))))
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           check=False, timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "[0, 0, 0] []", done.stdout
+    assert done.stdout.strip() == "[0, 0, 0, 0, 0, 0] []", done.stdout
     assert (tmp_path / "m.png").stat().st_size > 0 and (tmp_path / "b.png").stat().st_size > 0
 
 
@@ -300,7 +312,8 @@ def test_budget_and_fit_work_on_every_preset(capsys):
                              "--weights", "fp8", "--max-seq-len", "8192", "--json")  # fmt: skip
         assert code == 0, (name, err)
         assert tuple(json.loads(out)) == BUDGET_KEYS
-        code, out, err = run(capsys, "fit", name, "--memory", "2TB", "--sequences", "4",
+        # 4 TB: Kimi K2's 1.03 T parameters are 2.05 TB in bf16.
+        code, out, err = run(capsys, "fit", name, "--memory", "4TB", "--sequences", "4",
                              "--max-seq-len", "8192", "--json")  # fmt: skip
         assert code == 0, (name, err)
         assert json.loads(out)["max_batch_tokens"] >= 1
@@ -312,3 +325,77 @@ def test_budget_reads_kimi_k2_as_its_architecture(capsys):
                        "--ep", "8", "--target", "hopper")  # fmt: skip
     assert code == 0
     assert "1,026,408,209,408 parameters" in out and "[deepseek_v3]" in out
+
+
+# -- issue 30: small defects --------------------------------------------------------------------
+
+
+def test_budget_state_dtype_reaches_the_budget(capsys):
+    # Before: --state-dtype was parsed and dropped (77,266,944 state bytes either way).
+    got = {}
+    for dtype in ("f32", "bf16"):
+        code, out, _ = run(capsys, "budget", "qwen3-next-80b-a3b", "--memory", "141GB",
+                           "--target", "hopper", "--state-dtype", dtype, "--json")  # fmt: skip
+        assert code == 0
+        got[dtype] = json.loads(out)["state_bytes_per_sequence"]
+        expected = _budget("qwen3-next-80b-a3b", "141GB", state_dtype=dtype)
+        assert got[dtype] == expected.state_bytes_per_sequence
+    assert got["f32"] == 77_266_944 and got["bf16"] < got["f32"]
+
+
+def test_auto_target_is_resolved_once_per_command(capsys, monkeypatch):
+    # `fit --arena-only` sizes the arena at every bisection step; `auto` is asked once.
+    calls = []
+
+    def detect(device=None):
+        calls.append(device)
+        return Target.preset("hopper")
+
+    monkeypatch.setattr(Target, "detect", staticmethod(detect))
+    code, out, _ = run(capsys, "fit", "qwen3-8b", "--memory", "8GiB", "--arena-only",
+                       "--target", "auto")  # fmt: skip
+    assert code == 0 and "largest max_batch_tokens" in out
+    assert len(calls) == 1
+    code, out, _ = run(capsys, "plan", "qwen3-8b", "--target", "auto")
+    assert code == 0 and "target hopper" in out and len(calls) == 2
+    code, out, _ = run(capsys, "plan", "qwen3-8b")
+    assert code == 0 and "target gb10" in out and len(calls) == 2  # the default is named
+
+
+def test_user_errors_are_one_line_and_bugs_keep_their_traceback(capsys, monkeypatch):
+    from jaxarena import cli
+
+    monkeypatch.delenv("JAXARENA_TRACEBACK", raising=False)
+    code, _, err = run(capsys, "plan", "tiny-hybrid", "--tp", "3")  # a ConfigError
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err
+
+    def broken(*args, **kwargs):
+        raise ValueError("an internal inconsistency")
+
+    monkeypatch.setattr(cli, "_sizes", broken)  # a bug inside the project, not the input
+    with pytest.raises(ValueError, match="an internal inconsistency"):
+        main(["plan", "tiny-hybrid"])
+    monkeypatch.setenv("JAXARENA_TRACEBACK", "1")  # input errors keep their traceback too
+    with pytest.raises(ConfigError, match="tp=3"):
+        main(["plan", "tiny-hybrid", "--tp", "3"])
+
+
+def test_help_documents_jaxarena_traceback(capsys):
+    for argv in (["--help"], ["plan", "--help"], ["budget", "--help"]):
+        assert main(argv) == 0
+        assert "JAXARENA_TRACEBACK=1" in capsys.readouterr().out
+
+
+def test_counts_of_one_read_in_the_singular(capsys):
+    code, out, _ = run(capsys, "fit", "qwen3-8b", "--memory", "24GB", "--max-seq-len", "1",
+                       "--target", "hopper")  # fmt: skip
+    assert code == 0 and "with 1 sequence of 1 token within" in out
+    # A budget with room for exactly one sequence (no reserve: the arithmetic is exact).
+    b = _budget("qwen3-8b", "141GB", reserve=0)
+    memory = b.weight_bytes + b.arena_bytes + b.sequence_bytes * 3 // 2
+    code, out, _ = run(capsys, "budget", "qwen3-8b", "--memory", str(memory), "--reserve", "0",
+                       "--target", "hopper", "--max-seq-len", "32768")  # fmt: skip
+    assert code == 0 and "1 sequence of 32,768 tokens" in out and "1 sequences" not in out
+    code, out, _ = run(capsys, "budget", "qwen3-8b", "--memory", "24GB", "--max-seq-len", "1",
+                       "--target", "hopper")  # fmt: skip
+    assert "(of 1 token)" in out and "1 token + state" in out and "1 tokens" not in out

@@ -31,7 +31,7 @@ from jaxarena._figure import (
     pyplot,
     save,
 )
-from jaxarena._units import format_bytes, round_up
+from jaxarena._units import format_bytes, plural, round_up
 
 __all__ = ["draw_plan", "packing_report", "plot_plan"]
 
@@ -341,7 +341,7 @@ def _legend_title(lines: bool, buffers: bool) -> str | None:
 
 
 def _totals(plan: ArenaPlan, sequential: ArenaPlan | None) -> str:
-    parts = [f"{len(plan.region_list)} regions"]
+    parts = [plural(len(plan.region_list), "region")]
     if plan.lifetimes is not None:
         lb = plan.lower_bound_bytes
         head = f"packed {format_bytes(plan.total_bytes)}"

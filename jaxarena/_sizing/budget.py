@@ -31,7 +31,7 @@ from jaxarena._figure import (
 from jaxarena._sizing.buffers import BufferSizes
 from jaxarena._sizing.cache import dtype_bytes, kv_bytes_per_token, state_bytes_per_sequence
 from jaxarena._sizing.weights import mtp_param_count, param_count, weight_bytes
-from jaxarena._units import format_bytes, parse_memory
+from jaxarena._units import format_bytes, parse_memory, plural
 
 __all__ = [
     "BUDGET_KEYS",
@@ -363,7 +363,7 @@ class MemoryBudget:
         if self.fits:
             return (
                 f"fits: {format_bytes(self.free_bytes)} free for KV cache and states, "
-                f"{self.max_sequences:,} sequences of {self.max_seq_len:,} tokens"
+                f"{plural(self.max_sequences, 'sequence')} of {plural(self.max_seq_len, 'token')}"
             )
         what = ", or ".join(self.alternatives()) or "nothing tried (fewer limits, more memory)"
         return (
@@ -429,7 +429,7 @@ def budget_segments(b: MemoryBudget) -> list[tuple[str, int]]:
         ("weights", b.weight_bytes),
         ("arena", b.arena_bytes),
         ("reserve", b.reserve_bytes),
-        (f"KV cache ({n:,} x {b.max_seq_len:,} tokens)", kv),
+        (f"KV cache ({n:,} x {plural(b.max_seq_len, 'token')})", kv),
         ("SSM / sliding-window state", state),
     ]
     used = sum(v for _, v in parts)
@@ -486,7 +486,7 @@ def draw_budget(b: MemoryBudget, *, title: str | None = None) -> Any:
             f"kv_block_size={b.kv_block_size}, max_batch_size={b.max_batch_size}",
         ],
         f"{format_bytes(b.memory_bytes)} per device: {verdict}, "
-        f"{b.max_sequences:,} sequences of {b.max_seq_len:,} tokens",
+        f"{plural(b.max_sequences, 'sequence')} of {plural(b.max_seq_len, 'token')}",
     )
     ax.set_title(text, fontsize=8, loc="left")
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7, frameon=False)

@@ -1,0 +1,71 @@
+"""The options `jaxarena plan`, `budget` and `fit` share (limits, target, mesh, budget)."""
+
+from __future__ import annotations
+
+import argparse
+
+DEFAULT_LIMITS = {
+    "max_batch_tokens": 8192,
+    "max_seq_len": 32768,
+    "kv_block_size": 16,
+    "max_batch_size": 64,
+}
+# The target a plan is sized for unless --target says otherwise: the seed's baseline build.
+# Named, not detected, so the same command gives the same numbers on every machine and never
+# imports jax; `--target auto` asks jax for its default device.
+DEFAULT_TARGET = "gb10"
+
+
+def add_limits(
+    p: argparse.ArgumentParser, *, with_tokens: bool = True, batch_default: int | None = 64
+) -> None:
+    if with_tokens:
+        p.add_argument("--max-batch-tokens", type=int, default=DEFAULT_LIMITS["max_batch_tokens"],
+                       help="token rows of one forward pass (default %(default)s)")  # fmt: skip
+    p.add_argument("--max-seq-len", type=int, default=DEFAULT_LIMITS["max_seq_len"],
+                   help="longest sequence (default %(default)s)")  # fmt: skip
+    p.add_argument("--kv-block-size", type=int, default=DEFAULT_LIMITS["kv_block_size"],
+                   help="paged-KV block size in tokens, 0 = unpaged (default %(default)s)")  # fmt: skip
+    p.add_argument("--max-batch-size", type=int, default=batch_default,
+                   help="sequence slots (default %(default)s)" if batch_default else
+                   "sequence slots (default: the larger of 64 and --sequences)")  # fmt: skip
+    p.add_argument("--target", default=DEFAULT_TARGET,
+                   help="hardware target: gb10 (default: the seed's baseline), hopper, b200, "
+                   "b300, ...; auto = jax's default device (imports jax)")  # fmt: skip
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (per-device plan)")
+    p.add_argument("--ep", type=int, default=1, help="expert-parallel degree (per-device plan)")
+    p.add_argument("--align", type=int, default=256, help="region alignment in bytes")
+    p.add_argument("--packed", action="store_true",
+                   help="also pack buffers that are never live together")  # fmt: skip
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def add_budget_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--memory",
+        required=True,
+        help="memory of ONE device, e.g. 141GB (10^9), 24GiB (2^30), 80e9",
+    )
+    p.add_argument(
+        "--weights",
+        choices=("bf16", "fp8"),
+        default="bf16",
+        help="weight format: bf16, or fp8 with 128x128 block scales (default bf16)",
+    )
+    p.add_argument(
+        "--kv-dtype",
+        choices=("bf16", "fp8"),
+        default="bf16",
+        help="KV-cache element type (default bf16)",
+    )
+    p.add_argument(
+        "--state-dtype",
+        choices=("f32", "bf16"),
+        default="f32",
+        help="SSM / gated-delta-net state type (default f32)",
+    )
+    p.add_argument(
+        "--reserve",
+        default=None,
+        help="memory left to the runtime and XLA, e.g. 4GiB (default 1 GiB + 5%%)",
+    )
