@@ -399,3 +399,20 @@ def test_counts_of_one_read_in_the_singular(capsys):
     code, out, _ = run(capsys, "budget", "qwen3-8b", "--memory", "24GB", "--max-seq-len", "1",
                        "--target", "hopper")  # fmt: skip
     assert "(of 1 token)" in out and "1 token + state" in out and "1 tokens" not in out
+
+
+def test_plan_and_budget_read_a_transformers_5_nemotron_h_config(capsys):
+    # Issue 24: the config.json transformers 5.x writes for Nemotron-H (layers_block_type with
+    # linear_attention / full_attention / moe) was refused; it now plans like the preset.
+    path = "tests/fixtures/nemotron_h_transformers5/config.json"
+    code, out, err = run(capsys, "plan", path, "--json")
+    assert code == 0, err
+    assert (
+        json.loads(out)["buffers"]
+        == json.loads(run(capsys, "plan", "nemotron-3-nano-30b-a3b", "--json")[1])["buffers"]
+    )
+    code, out, err = run(capsys, "budget", path, "--memory", "141GB", "--json")
+    assert code == 0, err
+    preset = json.loads(run(capsys, "budget", "nemotron-3-nano-30b-a3b", "--memory", "141GB",
+                            "--json")[1])  # fmt: skip
+    assert json.loads(out)["param_count"] == preset["param_count"] > 0

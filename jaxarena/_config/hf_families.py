@@ -31,8 +31,10 @@ The families (`model_type` -> how it is read):
 - `longcat_flash`, `longcat_flash_ngram`: spec §14.2(h): renames, doubled layers, MLA head_dim.
 - `mamba2`: `num_heads`/`head_dim`/`state_size`/`n_groups` are the Mamba-2 dims; no attention.
 - `mamba`, `falcon_mamba`: Mamba-1: every layer `"mamba"`, no Mamba-2 heads, no MLP.
-- `nemotron_h`, `nemotron_h_puzzle`: `hybrid_override_pattern` / `layers_block_type` /
-  `block_configs` -> layer types.
+- `nemotron_h`, `nemotron_h_puzzle`: `layers_block_type` (or `layer_types`) /
+  `hybrid_override_pattern` / `block_configs` -> layer types; block names as published
+  (mamba / attention / mlp / moe) or as transformers 5.x writes them (linear_attention for
+  the Mamba-2 mixer, full_attention, mlp, moe).
 - `jamba`: attention/expert layer period and offset; Mamba-1 mixers.
 - `gemma`, `gemma2`, `gemma3`, `gemma3_text`: `text_config`; sliding/full layer types; HF class
   defaults.
@@ -129,15 +131,16 @@ def _text(top: Obj) -> Obj:
 # -- shared rules --------------------------------------------------------------------------------
 
 
-def _by_name(obj: Obj) -> dict[str, Any]:
-    """Every `ModelConfig` field read under its own name (the seed's default arm)."""
+def _by_name(obj: Obj, *, layer_types: bool = True) -> dict[str, Any]:
+    """Every `ModelConfig` field read under its own name (the seed's default arm); with
+    `layer_types=False` the `layer_types` key is left to the family arm."""
     kw: dict[str, Any] = {"hidden_size": obj.required_int("hidden_size", "the model width")}
     for name, default in INT_DEFAULTS.items():
         if name == "adapter_max_rank":  # a serving setting (LoRA), never a model property
             continue
         maximum = _MAX_LAYERS if name == "num_hidden_layers" else None
         kw[name] = obj.int(name, default, maximum=maximum)
-    kw["layer_types"] = obj.layer_types()
+    kw["layer_types"] = obj.layer_types() if layer_types else ()
     kw["attn_gated"] = False
     kw["mrope_interleaved"] = _mrope_interleaved(obj)
     return kw
@@ -400,12 +403,18 @@ def _mamba1(top: Obj, model_type: str) -> dict[str, Any]:
 
 
 _NEMOTRON_PATTERN = {"M": "mamba", "*": "full_attention", "-": "mlp", "E": "moe"}
-_NEMOTRON_BLOCKS = {"mamba": "mamba", "attention": "full_attention", "mlp": "mlp", "moe": "moe"}
+# Block names: the published configs' (`block_configs`, transformers 4.x `layers_block_type`:
+# mamba / attention / mlp / moe) and transformers 5.x's, which `NemotronHConfig` writes to
+# `layers_block_type` (also readable as `layer_types`): linear_attention is the Mamba-2 mixer.
+_NEMOTRON_BLOCKS = {
+    "mamba": "mamba", "attention": "full_attention", "mlp": "mlp", "moe": "moe",
+    "linear_attention": "mamba", "full_attention": "full_attention",
+}  # fmt: skip
 
 
 def _nemotron_h(top: Obj, model_type: str) -> dict[str, Any]:
     obj = _text(top)
-    kw = _by_name(obj)
+    kw = _by_name(obj, layer_types=False)  # its `layer_types` uses the block names below
     _vocab(kw, top)
     block_types, widest = _nemotron_blocks(obj)
     # Puzzle (LatentMoE) blocks differ per layer; the workspace must fit the widest one.
@@ -450,14 +459,14 @@ def _nemotron_blocks(obj: Obj) -> tuple[list[str], dict[str, int]]:
 
 
 def _nemotron_layers(obj: Obj, block_kinds: list[str]) -> tuple[tuple[str, ...], str]:
-    """Layer types from `layers_block_type`, else `hybrid_override_pattern`, else blocks."""
-    listed = obj.list("layers_block_type")
+    """Layer types from `layers_block_type` (or its transformers 5.x alias `layer_types`),
+    else `hybrid_override_pattern`, else `block_configs`."""
+    name = "layers_block_type" if obj.has("layers_block_type") else "layer_types"
+    listed = obj.list(name)
     if listed is not None:
-        key = obj.key("layers_block_type")
+        key = obj.key(name)
         if len(listed) > _MAX_LAYERS:
-            raise obj.error(
-                "layers_block_type", f"has {len(listed)} entries (at most {_MAX_LAYERS})"
-            )
+            raise obj.error(name, f"has {len(listed)} entries (at most {_MAX_LAYERS})")
         out = []
         for i, kind in enumerate(listed):
             if not isinstance(kind, str) or kind not in _NEMOTRON_BLOCKS:

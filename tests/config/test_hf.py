@@ -661,3 +661,39 @@ def test_neither_model_type_nor_class_known_names_both_keys():
         load(dict(model_type="brand_new_arch", architectures=["X"], d_model=512))
     with pytest.raises(ConfigError, match=r"architectures\[1\]=3 must be a string"):
         load(dict(model_type="brand_new_arch", architectures=["X", 3], hidden_size=8))
+
+
+# -- Nemotron-H as transformers 5.x writes it (issue 24) ----------------------------------------
+
+NEMOTRON_V5 = Path(__file__).parent.parent / "fixtures" / "nemotron_h_transformers5" / "config.json"
+
+
+def test_nemotron_h_as_transformers_5_saves_it():
+    # tools/make_nemotron_h_v5_config.py: NemotronHConfig(**preset).save_pretrained writes
+    # `layers_block_type` with linear_attention (Mamba-2) / full_attention / moe, and no
+    # `hybrid_override_pattern` or `num_hidden_layers`. Before: a ConfigError.
+    saved = json.loads(NEMOTRON_V5.read_text())
+    assert "hybrid_override_pattern" not in saved and "num_hidden_layers" not in saved
+    assert set(saved["layers_block_type"]) == {"linear_attention", "full_attention", "moe"}
+    cfg = ModelConfig.from_hf(NEMOTRON_V5)
+    assert cfg == ModelConfig.preset("nemotron-3-nano-30b-a3b")
+    kinds = Counter(cfg.layer_types)
+    assert kinds == {"mamba": 23, "moe": 23, "full_attention": 6}
+    assert cfg.num_mamba_layers == 23 and cfg.num_attention_layers == 6
+
+
+def test_nemotron_h_both_block_vocabularies_and_the_layer_types_alias():
+    old_names = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
+    new_names = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
+    base = dict(PRESET_JSON["nemotron-h-8b"])
+    pattern = base.pop("hybrid_override_pattern")
+    want = load(PRESET_JSON["nemotron-h-8b"]).layer_types
+    assert {"mamba", "full_attention", "mlp"} <= set(want)
+    for names in (old_names, new_names):
+        listed = [names[c] for c in pattern]
+        assert load(dict(base, layers_block_type=listed)).layer_types == want
+    # transformers 5.x maps `layer_types` to `layers_block_type` (NemotronHConfig.attribute_map)
+    listed = [new_names[c] for c in pattern]
+    assert load(dict(base, layer_types=listed)).layer_types == want
+    with pytest.raises(ConfigError, match=r"layers_block_type\[0\]='ssm' is not a known block"):
+        load(dict(base, layers_block_type=["ssm"] + listed[1:]))
