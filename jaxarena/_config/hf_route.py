@@ -6,9 +6,15 @@ Aliases handled (a published `model_type` no family rule knows, with a known cla
 - `kimi_k2` (Kimi K2 Instruct / Base / Thinking): `architectures: ["DeepseekV3ForCausalLM"]`,
   `auto_map.AutoConfig: "configuration_deepseek.DeepseekV3Config"` -> `deepseek_v3`, so its
   `first_k_dense_replace` dense layer is read as transformers reads it.
+- `LLaMAForCausalLM` (nvidia/Llama3-ChatQA-2-8B, decapoda-research/llama-7b-hf): stems are
+  compared without case, so this spelling is Llama's.
 - any other `model_type` whose first known `architectures` entry (or `auto_map.AutoConfig`)
   has a stem of `CLASS_STEMS`: e.g. a fine-tune that renamed `model_type` but kept
   `LlamaForCausalLM` / `Qwen3MoeForCausalLM`.
+
+Not handled: a multimodal wrapper whose `text_config.model_type` names the family (Kimi-VL's
+`kimi_vl` over `deepseek_v3`, Mistral-Small-3.1's `mistral3` over `mistral`): the vision tower
+would go uncounted, so such a config stays with the generic arm.
 
 A config without `model_type` is routed the same way (spec §14.2 names LongCat, Qwen4-exp,
 Mamba-2, Nemotron-H and Jamba classes). The note of a rerouted config is appended to
@@ -60,13 +66,18 @@ CLASS_STEMS = {
 _CLASS_SUFFIXES = ("ForCausalLM", "ForConditionalGeneration", "LMHeadModel", "Model", "Config")
 
 
+# Stems compared without case: `LLaMAForCausalLM` is Llama's class in the configs of
+# nvidia/Llama3-ChatQA-2-8B and decapoda-research/llama-7b-hf (llama.cpp and vLLM accept it).
+_STEMS_FOLDED = {stem.lower(): family for stem, family in CLASS_STEMS.items()}
+
+
 def family_of_class(name: str) -> str:
     """The family a HF class name (`DeepseekV3ForCausalLM`, `configuration_x.DeepseekV3Config`)
     names, or "" when its stem is not one this parser knows."""
     name = name.rsplit(".", 1)[-1]
     for suffix in _CLASS_SUFFIXES:
         if name.endswith(suffix) and name != suffix:
-            return CLASS_STEMS.get(name[: -len(suffix)], "")
+            return _STEMS_FOLDED.get(name[: -len(suffix)].lower(), "")
     return ""
 
 

@@ -697,3 +697,14 @@ def test_nemotron_h_both_block_vocabularies_and_the_layer_types_alias():
     assert load(dict(base, layer_types=listed)).layer_types == want
     with pytest.raises(ConfigError, match=r"layers_block_type\[0\]='ssm' is not a known block"):
         load(dict(base, layers_block_type=["ssm"] + listed[1:]))
+
+
+def test_llama_class_spelled_llama_in_capitals_routes_to_llama():
+    # nvidia/Llama3-ChatQA-2-8B and decapoda-research/llama-7b-hf name their class
+    # `LLaMAForCausalLM` (llama.cpp #9485, vLLM #251); without a model_type it is Llama.
+    data = dict(PRESET_JSON["llama3.1-8b"], architectures=["LLaMAForCausalLM"])
+    del data["model_type"]
+    assert load(data) == load(PRESET_JSON["llama3.1-8b"])
+    assert load(data).model_type == "llama"
+    renamed = load(dict(data, model_type="chatqa"))
+    assert renamed.model_type == "llama" and "'chatqa' read as 'llama'" in renamed.source
