@@ -408,7 +408,19 @@ def cmd_generate(args: argparse.Namespace) -> int:
     # Imported here: the model and its kernels cost ~0.4 s of import that plan/budget/fit skip.
     from jaxarena.models.generate_cli import run_generate
 
-    return run_generate(args, CliError)
+    try:
+        Target.preset(args.target)
+    except ValueError as e:
+        raise CliError(f"--target {args.target!r}: {e}") from None
+    try:
+        return run_generate(args, CliError)
+    except ValueError as e:
+        # `CausalLM.generate` checks the request (token ids within the vocabulary, prompts
+        # within the limits) with plain ValueErrors; here they are input errors. TODO: once
+        # the models raise a typed request error, catch only that.
+        if type(e) is not ValueError:
+            raise
+        raise CliError(str(e)) from e
 
 
 def build_parser() -> argparse.ArgumentParser:
