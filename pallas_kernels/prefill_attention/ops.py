@@ -78,7 +78,7 @@ def prefill_blocks(group_size: int, head_dim: int, v_head_dim: int, itemsize: in
     head times `block_t` tokens make the program's `block_m` rows; `block_k` keys per loop
     iteration. Chosen so that the tiles fit the registers of an H200 / B200 with no spills
     (checked by tests/gpu/test_prefill_gpu.py): 64 rows for head dims up to 256, 32 beyond
-    (MLA's 576/512), fewer keys per block for wider heads and for f32.
+    (MLA's 576/512), fewer keys per block and more warps for wider heads and for f32.
     """
     dmax = max(head_dim, v_head_dim)
     block_m = 64 if dmax <= 256 else 32
@@ -90,7 +90,8 @@ def prefill_blocks(group_size: int, head_dim: int, v_head_dim: int, itemsize: in
         block_h=block_h,
         block_t=block_m // block_h,
         block_k=block_k,
-        num_warps=4 if dmax <= 128 else 8,
+        # f32 tiles are twice as wide in registers: 4 warps spill at D=128.
+        num_warps=4 if dmax <= 128 and itemsize == 2 else 8,
     )
 
 
