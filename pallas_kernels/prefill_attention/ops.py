@@ -130,7 +130,9 @@ def _tile_table(cu, seq_lens, *, T, block_t, max_tiles, cap):
     return jnp.stack([cols[f] for f in TILE_FIELDS], axis=1)
 
 
-@functools.partial(jax.jit, static_argnames=("opts", "interpret", "debug"), donate_argnames=("buf",))
+@functools.partial(
+    jax.jit, static_argnames=("opts", "interpret", "debug"), donate_argnames=("buf",)
+)
 def _prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, sinks, buf, *,
              opts: tuple, interpret: bool, debug: bool = False):  # fmt: skip
     """The kernel. `buf`: the arena (arena form) or None (standalone).

@@ -124,7 +124,7 @@ def test_chunked_prefill_is_the_tail_of_the_full_prompt(dtype):
     full_cu = np.concatenate([[0], np.cumsum(lens)])
     q_full = np.asarray(rng.standard_normal((int(full_cu[-1]), *q.shape[1:])), np.float32)
     rows = []
-    for s, (c, n) in enumerate(zip(ctx, QLENS, strict=True)):
+    for s, c in enumerate(ctx):
         tail = np.arange(full_cu[s] + c, full_cu[s + 1])
         q_full[tail] = f32(q[int(cu[s]) : int(cu[s + 1])])
         rows.append(tail)
