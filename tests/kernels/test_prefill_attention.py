@@ -137,9 +137,10 @@ def test_chunked_prefill_is_the_tail_of_the_full_prompt(dtype):
 
 
 GROUPS = {
-    # name: make kwargs. MQA with 8 query heads (several head blocks? no: one block of 8),
-    # a group of 3 (a padded head row per token), pages of 128 (a key block within a page).
-    "mqa_8_heads": dict(Hq=8, Hkv=1),
+    # name: make kwargs. MQA with 8 query heads (one block of 8 heads, 8 tokens per tile)
+    # and a sequence with no query between two others; a group of 3 (a padded head row per
+    # token) with pages of 128 (a key block within a page).
+    "mqa_8_heads_empty_seq": dict(Hq=8, Hkv=1, qlens=[1, 15, 0, 17, 33]),
     "group3_page128": dict(Hq=6, Hkv=2, page=128),
 }
 
