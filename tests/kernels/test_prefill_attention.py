@@ -25,6 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _helpers.tolerances import tol
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from jaxarena import ArenaPlan
 from pallas_kernels.prefill_attention import (
@@ -181,6 +183,19 @@ def test_window_sinks_softcap(name):
     # The options change the result (they are not silently ignored).
     plain = ref(*make(dtype=dtype, seed=6, **mk))
     assert np.abs(f32(plain) - f32(expect)).max() > 0.05
+
+
+@settings(max_examples=8, deadline=None)
+@given(
+    qlens=st.lists(st.integers(0, 20), min_size=3, max_size=3).filter(lambda x: sum(x) <= 40),
+    ctx=st.lists(st.integers(0, 30), min_size=3, max_size=3),
+    seed=st.integers(0, 2**16),
+)
+def test_random_packings_and_contexts(qlens, ctx, seed):
+    """Fixed shapes (40 rows, 3 sequences, tables of 10 pages of 8), random query counts (0 or a
+    decode-like 1 included), contexts and page orders: one compile for every example."""
+    args = make(qlens=qlens, ctx=ctx, pad=40 - sum(qlens), seed=seed, poison=True)
+    check(args, jnp.float32)
 
 
 def test_traced_arguments_under_jit():
