@@ -311,6 +311,8 @@ I32 = jnp.int32
         (dict(softcap=-1.0), ValueError, r"softcap must be finite and > 0"),
         (dict(sinks=jnp.zeros((3,))), ValueError, r"sinks must be a floating array of shape"),
         (dict(v_cache=None), ValueError, r"v_cache=None reads the values.*v_head_dim=None"),
+        (dict(q=jnp.zeros((69, 4, 0)), k_cache=jnp.zeros((42, 8, 2, 0)),
+              v_cache=jnp.zeros((42, 8, 2, 0))), ValueError, r"head_dim must be at least 1"),
         (dict(q=jnp.zeros((69, 4, 32), jnp.float8_e4m3fn)), NotImplementedError,
          r"q.dtype=float8_e4m3fn is not supported"),
         (dict(q=jnp.zeros((69, 4, 32), jnp.bfloat16)), NotImplementedError, r"k_cache.dtype"),
@@ -319,6 +321,34 @@ I32 = jnp.int32
 def test_bad_input_is_rejected_before_tracing(changes, exc, needle):
     with pytest.raises(exc, match=needle):
         paged_prefill_attention(**_kw(**changes))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    shape=st.tuples(st.integers(0, 5), st.integers(0, 5), st.sampled_from([0, 8, 20, 32, 80])),
+    cu=st.lists(st.integers(-3, 12), max_size=4),
+    lens=st.lists(st.integers(-3, 40), max_size=3),
+    window=st.sampled_from([None, 0, 3, 2.5]),
+)
+def test_arguments_are_accepted_or_refused_with_a_message(shape, cu, lens, window):
+    """Concrete queries, offsets and lengths (their values are checked), the cache abstract:
+    `jax.eval_shape` traces the call without compiling it. Anything but a clean result or a
+    ValueError / NotImplementedError with a message is a bug."""
+    T, Hq, D = shape
+    q = np.zeros((T, Hq, D), np.float32)
+    k = jax.ShapeDtypeStruct((4, 8, 1, D), jnp.float32)
+    table = np.zeros((len(lens), 5), np.int32)
+
+    def call(k):
+        return paged_prefill_attention(q, k, k, table, np.asarray(cu, np.int32),
+                                       np.asarray(lens, np.int32), window_size=window)  # fmt: skip
+
+    try:
+        out = jax.eval_shape(call, k)
+    except (ValueError, NotImplementedError) as e:
+        assert str(e).strip()
+        return
+    assert out.shape == (T, Hq, D) and len(cu) == len(lens) + 1
 
 
 # -- CUDA lowering (no GPU needed) --------------------------------------------------------------
