@@ -176,13 +176,28 @@ OPTIONS = {
 
 @pytest.mark.parametrize("name", list(OPTIONS))
 def test_window_sinks_softcap(name):
-    """Windows shorter than a chunk and than the context: pages wholly before a window hold
-    NaN-free keys the kernel must still not see (the reference masks them)."""
+    """Windows shorter than a chunk and than the context, with soft-cap, sinks and a scale."""
     dtype, mk, opts = OPTIONS[name]
-    out, expect = check(make(dtype=dtype, seed=6, **mk), dtype, **opts)
+    args = make(dtype=dtype, seed=6, **mk)
+    out, expect = check(args, dtype, **opts)
     # The options change the result (they are not silently ignored).
-    plain = ref(*make(dtype=dtype, seed=6, **mk))
+    plain = ref(*args)
     assert np.abs(f32(plain) - f32(expect)).max() > 0.05
+    # NaN in every cached key and value that no query's window reaches (the context before
+    # the first query's window): the same output, bit for bit.
+    q, k, v, bt, cu, sl = args
+    kn, vn = np.array(f32(k)), np.array(f32(v))
+    page = k.shape[1]
+    hidden = 0
+    for s, c in enumerate(mk["ctx"]):
+        for t in range(max(0, c - opts["window_size"] + 1)):
+            kn[int(bt[s, t // page]), t % page] = np.nan
+            vn[int(bt[s, t // page]), t % page] = np.nan
+            hidden += 1
+    assert hidden >= 19  # 57 keys with window 5, 19 with window 12
+    poisoned = paged_prefill_attention(q, jnp.asarray(kn, dtype), jnp.asarray(vn, dtype), bt,
+                                       cu, sl, **opts)  # fmt: skip
+    np.testing.assert_array_equal(f32(poisoned), f32(out))
 
 
 @settings(max_examples=8, deadline=None)
