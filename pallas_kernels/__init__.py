@@ -7,14 +7,21 @@ every kernel runs in interpret mode on a CPU backend and compiled on a GPU.
 The arena regions each arena form uses and their geometry are in `jaxarena.workspaces`; the
 kernel folders export further helpers (e.g. `splitk_decode_attention.splitk_num_splits`,
 `ssd_chunked_scan.ssd_sequential_reference`,
-`ssd_state_update.ssd_state_update_reference`). `ssd_state_update` (the Mamba-2 decode step)
-needs no workspace: its in-place operand is the caller's state cache.
+`ssd_state_update.ssd_state_update_reference`, `prefill_attention.prefill_blocks`).
+`ssd_state_update` (the Mamba-2 decode step) needs no workspace: its in-place operand is the
+caller's state cache. `paged_prefill_attention` (prefill and chunked prefill over the paged KV
+cache) needs none either: its arena form writes only `attn_output`.
 """
 
 from pallas_kernels.fp8_block_quant import (
     fp8_block_quant,
     fp8_block_quant_into,
     fp8_block_quant_reference,
+)
+from pallas_kernels.prefill_attention import (
+    paged_prefill_attention,
+    paged_prefill_attention_into,
+    paged_prefill_attention_reference,
 )
 from pallas_kernels.splitk_decode_attention import (
     paged_decode_attention_reference,
@@ -33,6 +40,9 @@ __all__ = [
     "fp8_block_quant_into",
     "fp8_block_quant_reference",
     "paged_decode_attention_reference",
+    "paged_prefill_attention",
+    "paged_prefill_attention_into",
+    "paged_prefill_attention_reference",
     "splitk_decode_attention",
     "splitk_decode_attention_into",
     "ssd_chunked_reference",
