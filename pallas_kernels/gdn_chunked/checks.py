@@ -70,10 +70,10 @@ def validate(q, k, v, g, beta, *, cu_seqlens, initial_states, scale, use_qk_l2no
     _float("q", q, (T, H, K), "[T, H, K]")
     _float("k", k, (T, H, K), "[T, H, K] like q")
     _float("v", v, (T, HV, V), "[T, HV, V] with q's T")
-    _float("g", g, (T, HV), "[T, HV] (log of the per-token decay, <= 0)")
-    _float("beta", beta, (T, HV), "[T, HV]")
     if H < 1 or HV % H:
         raise ValueError(f"v has HV={HV} value heads; it must be a multiple of q's H={H} heads")
+    _float("g", g, (T, HV), "[T, HV] (log of the per-token decay, <= 0)")
+    _float("beta", beta, (T, HV), "[T, HV]")
     for name, d in (("K (q.shape[2])", K), ("V (v.shape[2])", V)):
         if d not in SUPPORTED_HEAD_DIMS:
             raise NotImplementedError(f"head dim {name}={d} is not one of {SUPPORTED_HEAD_DIMS}")

@@ -146,7 +146,7 @@ def _inverse_unit_lower(lm):
 
     def body(i, a):
         l_i = jnp.sum(jnp.where(rows == i, lm, 0.0), axis=0)  # L[i, :]
-        new = jnp.where(cols[0] == i, 1.0, 0.0) - jnp.sum(l_i[:, None] * a, axis=0)
+        new = jnp.where(jnp.arange(CHUNK) == i, 1.0, 0.0) - jnp.sum(l_i[:, None] * a, axis=0)
         return jnp.where(rows == i, new[None, :], a)
 
     return jax.lax.fori_loop(1, CHUNK, body, jnp.where(rows == cols, 1.0, 0.0))

@@ -45,7 +45,10 @@ from pallas_kernels.gdn_chunked.kernel import (
 __all__ = ["GDN_REGION", "gdn_chunked", "gdn_chunked_into"]
 
 # Value columns per program: the recurrence holds `[K, 32]` f32 of state (32 registers per
-# thread at K = 128 and 4 warps); the output kernel a `[64, 64]` f32 accumulator.
+# thread at K = 128 and 4 warps); the output kernel a `[64, 64]` f32 accumulator beside the
+# `[64, 64]` intra-chunk weights and their bf16 parts. All three run on 8 warps: on 4, at
+# 128x128 heads, the output kernel spills and the other two sit at 255 registers (H200:
+# 174 / 197 / 182 registers on 8, tests/gpu/test_gdn_gpu.py).
 _BLOCK_V_STATE = 32
 _BLOCK_V_OUT = 64
 
@@ -75,7 +78,7 @@ def _chunk_map(cu: jax.Array, num_slots: int) -> tuple[jax.Array, jax.Array]:
 def _gdn_impl(q, k, v, g, beta, init, cu, ws, *, geom: GdnGeom, interpret: bool):
     T, HV, V = geom.num_tokens, geom.num_value_heads, geom.value_dim
     cmap, nact = _chunk_map(cu.astype(jnp.int32), geom.num_chunks)
-    params = plgpu.CompilerParams(num_warps=4, num_stages=1)
+    params = plgpu.CompilerParams(num_warps=8, num_stages=1)
     whole = pl.no_block_spec
     g32, beta32 = g.astype(jnp.float32), beta.astype(jnp.float32)
     ws = pl.pallas_call(
