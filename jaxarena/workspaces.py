@@ -212,7 +212,6 @@ def ssd_scratch_layout(num_heads: int, n_groups: int, m: int) -> dict[str, tuple
     return {"dt": (0, dt), "dA_cumsum": (dt, dt), "CB": (2 * dt, cb)}
 
 
-
 def ssd_chunk_slot_bytes(num_heads: int, n_groups: int) -> int:
     """Bytes of one chunk slot of the SSD scratch: `dt` and `dA_cumsum` (`H * 64` f32 each)
     and `CB` (`G * 64 * 64` f32), with `G = max(n_groups, 1)`; a region of `nbytes` holds

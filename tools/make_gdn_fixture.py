@@ -34,7 +34,14 @@ def main() -> None:
     beta = torch.rand(B, T, HV, generator=gen)
     h0 = torch.randn(B, HV, K, V, generator=gen) * 0.5
     o, final = torch_chunk_gated_delta_rule(
-        q, k, v, g, beta, chunk_size=64, initial_state=h0, output_final_state=True,
+        q,
+        k,
+        v,
+        g,
+        beta,
+        chunk_size=64,
+        initial_state=h0,
+        output_final_state=True,
         use_qk_l2norm_in_kernel=True,
     )
 
@@ -43,9 +50,15 @@ def main() -> None:
 
     np.savez_compressed(
         OUT,
-        q=packed(q), k=packed(k), v=packed(v), g=packed(g), beta=packed(beta),
-        initial_states=h0.numpy(), cu_seqlens=np.array([0, T, 2 * T], np.int32),
-        o=packed(o.float()), final_states=final.float().numpy(),
+        q=packed(q),
+        k=packed(k),
+        v=packed(v),
+        g=packed(g),
+        beta=packed(beta),
+        initial_states=h0.numpy(),
+        cu_seqlens=np.array([0, T, 2 * T], np.int32),
+        o=packed(o.float()),
+        final_states=final.float().numpy(),
     )
     print(f"wrote {OUT} ({OUT.stat().st_size} bytes)")
 

@@ -95,9 +95,7 @@ def validate(q, k, v, g, beta, *, cu_seqlens, initial_states, scale, use_qk_l2no
         if not isinstance(cu_seqlens, jax.core.Tracer):
             cu = np.asarray(cu_seqlens).astype(np.int64)
             if cu[0] != 0 or cu[-1] != T or (np.diff(cu) < 0).any():
-                raise ValueError(
-                    f"cu_seqlens={cu.tolist()} must be non-decreasing from 0 to T={T}"
-                )
+                raise ValueError(f"cu_seqlens={cu.tolist()} must be non-decreasing from 0 to T={T}")
     if initial_states is not None:
         _float("initial_states", initial_states, (S, HV, K, V), "[S, HV, K, V]")
     return Dims(T, H, HV, K, V, S)

@@ -121,9 +121,7 @@ def _load_bf16(ref, row, nrows, cols):
 
 
 def _store_bf16(ref, row, nrows, cols, x):
-    ref[pl.ds(row, nrows), cols] = jax.lax.bitcast_convert_type(
-        x.astype(jnp.bfloat16), jnp.uint16
-    )
+    ref[pl.ds(row, nrows), cols] = jax.lax.bitcast_convert_type(x.astype(jnp.bfloat16), jnp.uint16)
 
 
 def _store_gc(ref, row, gc):

@@ -67,8 +67,10 @@ def test_chunked_arena_form_compiles_without_spills_and_flat_in_T(target):
         assert res.alias_bytes == plan.total_bytes
         assert res.launches is not None
         launches.append(res.launches)
-        print(f"{target} T={T}: launches {res.launches}, temp {res.temp_bytes} B, "
-              + ", ".join(f"{k.name} {k.registers} regs" for k in kernels.values()))
+        print(
+            f"{target} T={T}: launches {res.launches}, temp {res.temp_bytes} B, "
+            + ", ".join(f"{k.name} {k.registers} regs" for k in kernels.values())
+        )
     assert launches[0] == launches[1], launches
 
 
@@ -77,8 +79,15 @@ def test_state_update_is_one_launch_in_place_without_spills(target):
     _need(target)
     slots, B = 256, 128
     sds = jax.ShapeDtypeStruct
-    args = (sds((slots, HV, K, K), F32), sds((B, H, K), BF16), sds((B, H, K), BF16),
-            sds((B, HV, K), BF16), sds((B, HV), F32), sds((B, HV), F32), sds((B,), jnp.int32))
+    args = (
+        sds((slots, HV, K, K), F32),
+        sds((B, H, K), BF16),
+        sds((B, H, K), BF16),
+        sds((B, HV, K), BF16),
+        sds((B, HV), F32),
+        sds((B, HV), F32),
+        sds((B,), jnp.int32),
+    )
 
     def step(state, q, k, v, g, beta, idx):
         return gdn_state_update(state, q, k, v, g, beta, state_indices=idx, use_qk_l2norm=True,
