@@ -15,6 +15,7 @@ FLA's varlen case cut to cu_seqlens = [0, 15, 100, 300].
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import jax
@@ -23,7 +24,7 @@ import numpy as np
 import pytest
 from _helpers.arena import random_arena
 
-from jaxarena import ArenaPlan
+from jaxarena import ArenaPlan, BufferSizes, Levers, ModelConfig, Target
 from jaxarena.workspaces import gdn_fla_scratch_layout
 from pallas_kernels.gdn_chunked import (
     GDN_REGION,
@@ -136,10 +137,38 @@ def test_chunked_final_state_feeds_the_recurrent_update():
     assert fla_error(f_dec, f_all) < CHUNK_RATIO
 
 
-def _plan(m=64, nv=1):
-    layout = gdn_fla_scratch_layout(nv, m)
-    nbytes = sum(n for _, n in layout.values())
-    return ArenaPlan.sequential({"before": 4096, GDN_REGION: nbytes, "after": 4096}), layout
+@functools.cache
+def _plan(m=64):
+    """The seed's arena for a one-layer GDN model (128x128 heads, one value head) and M = m:
+    `gdn_fla_scratch` as `BufferSizes` sizes it, among the other regions, with guard bands."""
+    config = ModelConfig(
+        hidden_size=64, num_hidden_layers=1, layer_types=("linear_attention",),
+        linear_num_key_heads=1, linear_key_head_dim=128, linear_num_value_heads=1,
+        linear_value_head_dim=128, num_attention_heads=1, num_key_value_heads=1, head_dim=16,
+        intermediate_size=64, vocab_size=16,
+    )  # fmt: skip
+    sizes = BufferSizes.from_config(
+        config, m, 64, 0, 1, levers=Levers(), target=Target.preset("hopper")
+    )
+    return ArenaPlan.sequential(sizes, guard_bytes=64), gdn_fla_scratch_layout(1, m)
+
+
+def test_layout_is_the_seeds_region():
+    """The sections tile the region the seed sizes (spec section 6, written out here):
+    nt = ceil(M / 64) + 16; W, U, uc = nt nv 64 128 bf16; S = nt nv 128 128 bf16;
+    gc = nt nv 64 f32; back to back in that order."""
+    for nv, m in ((1, 64), (32, 2048), (48, 1000)):
+        nt = -(-m // 64) + 16
+        sizes = [nt * nv * 64 * 128 * 2] * 2 + [nt * nv * 128 * 128 * 2, nt * nv * 64 * 128 * 2]
+        sizes.append(nt * nv * 64 * 4)
+        layout = gdn_fla_scratch_layout(nv, m)
+        assert list(layout) == ["W", "U", "S", "uc", "gc"]
+        assert [n for _, n in layout.values()] == sizes
+        assert [o for o, _ in layout.values()] == [sum(sizes[:i]) for i in range(5)]
+    plan, _ = _plan()
+    assert plan.regions[GDN_REGION].nbytes == sum(
+        n for _, n in gdn_fla_scratch_layout(1, 64).values()
+    )
 
 
 def test_arena_form_writes_only_its_region_and_keeps_the_sections():
