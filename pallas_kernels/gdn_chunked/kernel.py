@@ -210,7 +210,11 @@ def gdn_state_kernel(cmap_ref, nact_ref, k_ref, init_ref, ws_in_ref, ws_ref, fin
 
     def body(c, state):
         seq, start, n, flags = _chunk(cmap_ref, c)
-        state = jnp.where((flags & FIRST) != 0, init_of(seq), state)
+        first = (flags & FIRST) != 0
+        if geom.has_init:  # the initial state is read only at a sequence's first chunk
+            state = jax.lax.cond(first, lambda: init_of(seq), lambda: state)
+        else:
+            state = jnp.where(first, 0.0, state)
         row0 = (c * hv + h) * CHUNK
         _store_bf16(ws_ref, geom.s_row + (c * hv + h) * K, K, cols, state)
         w = _load_bf16(ws_ref, geom.w_row + row0, CHUNK, pl.ds(0, K))
