@@ -3,8 +3,11 @@ sequence), in place in the state cache.
 
 Tolerance: FLA's rule for its recurrent kernel: max |diff| <= 1e-6, else RMS(diff) / RMS(ref)
 < 0.002. The kernel is float32 throughout (relative error ~K * 2^-24 ~ 1e-5 from the K-term
-sums); the bf16 output rounding (RMS ~1.1e-3) is the only term near the bound, and it is
-inside it. The f32 state is compared the same way (it is never rounded).
+sums), then rounds `o` to bf16 (v's dtype): against the f64 output that rounding alone is an
+RMS ratio ~1.5e-3 (measured 1.57e-3), so `o` is compared with the reference rounded to bf16
+the same way: the two roundings differ only where a bf16 rounding boundary falls within
+~1e-5 of the value (a fraction ~1e-5 / 2^-8 of the entries, by one ulp), an RMS ratio
+~2e-4. The f32 state is compared as it is (measured: within FLA's 1e-6 max-abs).
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ def test_update_matches_the_recurrence_in_place(K):
     )  # fmt: skip
     o, new = gdn_state_update(state, q, k, v, g, beta, state_indices=idx, use_qk_l2norm=True)
     assert o.dtype == jnp.bfloat16 and o.shape == (B, HV, V)
-    assert fla_error(o, ref_o) < RECURRENT_RATIO
+    assert fla_error(o, np.asarray(jnp.asarray(ref_o, jnp.bfloat16))) < RECURRENT_RATIO
     got = np.asarray(new)
     assert fla_error(got[idx], ref_s) < RECURRENT_RATIO
     np.testing.assert_array_equal(got[[1, 3]], before[[1, 3]])
