@@ -21,8 +21,13 @@ arena in the arena form) at the section rows of `jaxarena.workspaces.gdn_fla_sec
 - `gdn_output_kernel` (grid chunk x value head x block of value columns):
   `o = scale (q S) exp(gc) + scale tril(q k^T exp(gc_i - gc_j)) v_new`.
 
-Matrix products take bf16 operands (the values stored in the scratch are bf16 anyway) and
-accumulate in f32, as FLA's kernels do; the state, the gates and `A` stay f32 on chip.
+Matrix products run on bf16 tensor-core operands with f32 accumulation, as FLA's do, but an
+operand held in f32 on chip (the state, `A`, the L2-normalised q / k, `v_new`) enters as two
+bf16 parts, hi + lo (`_dot`): only the values the region stores in bf16 (W, U, S, uc) carry
+bf16 rounding. This halved the RMS error against the float64 recurrence (4e-3 -> 2.5e-3 on
+the test cases) for at most 3 products instead of 1. The state, gates and `A` stay f32.
+H200 registers at 128x128 heads on 8 warps (tests/gpu/test_gdn_gpu.py): prep 197, state 174,
+output 182, no spills.
 """
 
 from __future__ import annotations
