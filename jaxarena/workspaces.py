@@ -6,6 +6,7 @@ functions, so the bytes a kernel uses can never exceed the bytes sized.
 - Split-K decode attention (spec §7): the policy, how many key splits a decode step uses, how
   many `[o[head_dim], m, l]` f32 slots the arena holds, and the bytes of one slot.
 - Mamba-2 SSD chunked scan: the f32 scratch sections `dt`, `dA_cumsum` and `CB`.
+- Gated DeltaNet chunked prefill: the sections `W | U | S | uc | gc` of `gdn_fla_scratch`.
 - FP8 block-scaled activations: rows (`ceil16(M)`), scale columns and region bytes. The seed
   sizes the dense-FFN k-major scales with `floor(K / 128)` columns (spec §13); the kernel
   writes `ceil(K / 128)`; `fp8_scale_cols` names both roundings.
@@ -35,6 +36,12 @@ __all__ = [
     "SSD_CHUNK",
     "ssd_scratch_layout",
     "ssd_chunk_slot_bytes",
+    "GDN_CHUNK",
+    "GDN_HEAD_DIM",
+    "GDN_SPARE_CHUNKS",
+    "gdn_fla_chunk_slots",
+    "gdn_fla_sections",
+    "gdn_fla_scratch_layout",
     "FP8_BLOCK",
     "FP8_ACT_REGIONS",
     "fp8_rows",
@@ -205,12 +212,66 @@ def ssd_scratch_layout(num_heads: int, n_groups: int, m: int) -> dict[str, tuple
     return {"dt": (0, dt), "dA_cumsum": (dt, dt), "CB": (2 * dt, cb)}
 
 
-
 def ssd_chunk_slot_bytes(num_heads: int, n_groups: int) -> int:
     """Bytes of one chunk slot of the SSD scratch: `dt` and `dA_cumsum` (`H * 64` f32 each)
     and `CB` (`G * 64 * 64` f32), with `G = max(n_groups, 1)`; a region of `nbytes` holds
     `nbytes // ssd_chunk_slot_bytes(H, G)` slots."""
     return (2 * num_heads * SSD_CHUNK + max(n_groups, 1) * SSD_CHUNK * SSD_CHUNK) * 4
+
+
+# -- Gated DeltaNet chunked prefill (FLA's algorithm) -------------------------------------------
+
+GDN_CHUNK = 64
+"""Chunk length of the GDN chunked prefill the arena is sized for."""
+
+GDN_HEAD_DIM = 128
+"""Key and value head dim the seed sizes `gdn_fla_scratch` for (other dims get no scratch)."""
+
+GDN_SPARE_CHUNKS = 16
+"""Spare chunk slots: every sequence is padded to whole chunks, 16 spares cover 17 sequences."""
+
+_GDN_ROW_BYTES = 256  # one section row: 128 bf16 values, or 64 f32 values of gc
+
+
+def gdn_fla_chunk_slots(m: int) -> int:
+    """Chunk slots `nt = ceil(m / 64) + 16` of the seed's `gdn_fla_scratch` for `m` tokens."""
+    return ceil_div(m, GDN_CHUNK) + GDN_SPARE_CHUNKS
+
+
+def gdn_fla_sections(
+    num_value_heads: int, num_chunks: int, key_dim: int = GDN_HEAD_DIM
+) -> dict[str, tuple[int, int]]:
+    """Byte `(offset, nbytes)` of the sections `W | U | S | uc | gc` for `num_chunks` slots.
+
+    Every section is made of 256-byte rows (the arena's row), in this order:
+
+    - `W` (bf16): row `(c * nv + h) * 64 + i` holds `w` of row `i` of chunk slot `c`, value
+      head `h` (its first `key_dim` values); `U` (bf16) and `uc` (bf16, `v_new`) the same with
+      `u` and `v_new` (first `value_dim` values).
+    - `S` (bf16): rows `(c * nv + h) * key_dim + r`, the state `[key_dim, value_dim]` of
+      value head `h` at the start of chunk slot `c`.
+    - `gc` (f32): row `c * nv + h`, the within-chunk cumulative sum of `g` (64 floats).
+
+    With `key_dim = value_dim = 128` the byte counts are the seed's (spec section 6); smaller
+    heads (the standalone kernel) use the first values of each row.
+    """
+    nv, nt, r = num_value_heads, num_chunks, _GDN_ROW_BYTES
+    w = nt * nv * GDN_CHUNK * r
+    state = nt * nv * key_dim * r
+    gc = nt * nv * r
+    out, off = {}, 0
+    for name, n in (("W", w), ("U", w), ("S", state), ("uc", w), ("gc", gc)):
+        out[name] = (off, n)
+        off += n
+    return out
+
+
+def gdn_fla_scratch_layout(num_value_heads: int, m: int) -> dict[str, tuple[int, int]]:
+    """Byte `(offset, nbytes)` of the seed's `gdn_fla_scratch` sections for `m` tokens.
+
+    128x128 heads, chunks of 64, `nt = ceil(m / 64) + 16` slots (`gdn_fla_sections`).
+    """
+    return gdn_fla_sections(num_value_heads, gdn_fla_chunk_slots(m))
 
 
 # -- FP8 block-scaled activations ---------------------------------------------------------------

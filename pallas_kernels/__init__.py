@@ -8,9 +8,10 @@ The arena regions each arena form uses and their geometry are in `jaxarena.works
 kernel folders export further helpers (e.g. `splitk_decode_attention.splitk_num_splits`,
 `ssd_chunked_scan.ssd_sequential_reference`,
 `ssd_state_update.ssd_state_update_reference`, `prefill_attention.prefill_blocks`).
-`ssd_state_update` (the Mamba-2 decode step) needs no workspace: its in-place operand is the
-caller's state cache. `paged_prefill_attention` (prefill and chunked prefill over the paged KV
-cache) needs none either: its arena form writes only `attn_output`.
+`ssd_state_update` (the Mamba-2 decode step) and `gdn_state_update` (the Gated DeltaNet one)
+need no workspace: their in-place operand is the caller's state cache.
+`paged_prefill_attention` (prefill and chunked prefill over the paged KV cache) needs none
+either: its arena form writes only `attn_output`.
 """
 
 from pallas_kernels.fp8_block_quant import (
@@ -23,6 +24,8 @@ from pallas_kernels.prefill_attention import (
     paged_prefill_attention_into,
     paged_prefill_attention_reference,
 )
+from pallas_kernels.gdn_chunked import gdn_chunked, gdn_chunked_into, gdn_sequential_reference
+from pallas_kernels.gdn_state_update import gdn_state_update
 from pallas_kernels.splitk_decode_attention import (
     paged_decode_attention_reference,
     splitk_decode_attention,
@@ -39,6 +42,10 @@ __all__ = [
     "fp8_block_quant",
     "fp8_block_quant_into",
     "fp8_block_quant_reference",
+    "gdn_chunked",
+    "gdn_chunked_into",
+    "gdn_sequential_reference",
+    "gdn_state_update",
     "paged_decode_attention_reference",
     "paged_prefill_attention",
     "paged_prefill_attention_into",

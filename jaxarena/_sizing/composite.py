@@ -12,7 +12,7 @@ from typing import Literal
 
 from jaxarena._config.model import ModelConfig
 from jaxarena._units import ceil_div, round_up
-from jaxarena.workspaces import ssd_scratch_layout
+from jaxarena.workspaces import GDN_CHUNK, gdn_fla_scratch_layout, ssd_scratch_layout
 
 __all__ = [
     "DECODE_META_MIN_ROWS",
@@ -35,7 +35,7 @@ DECODE_META_MIN_ROWS = 32
 DECODE_META_MAX_ROWS = 128
 VERIFY_ROW_CAP = 256
 Q12_SIZING_STREAMS = 8
-FLA_CHUNK = 64
+FLA_CHUNK = GDN_CHUNK
 _FIXED_DECODE_META = 32768
 _SCRATCH_FLOOR = 64 * 1024
 _Q8_1_EXTRA = 1 << 20
@@ -153,14 +153,8 @@ def ssm_scratch_bytes(config: ModelConfig, m: int) -> tuple[int, int]:
         and config.linear_key_head_dim == 128
         and config.linear_value_head_dim == 128
     ):
-        nt = ceil_div(m, FLA_CHUNK) + 16
-        nv, kd, vd = config.linear_num_value_heads, 128, 128
-        w = nt * nv * FLA_CHUNK * kd * 2
-        u = nt * nv * FLA_CHUNK * vd * 2
-        state = nt * nv * kd * vd * 2
-        uc = nt * nv * FLA_CHUNK * vd * 2
-        gc = nt * nv * FLA_CHUNK * 4
-        fla = w + u + state + uc + gc
+        layout = gdn_fla_scratch_layout(config.linear_num_value_heads, m)
+        fla = sum(n for _, n in layout.values())
     else:
         fla = 0
     return ssd, fla
