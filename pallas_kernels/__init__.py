@@ -19,13 +19,13 @@ from pallas_kernels.fp8_block_quant import (
     fp8_block_quant_into,
     fp8_block_quant_reference,
 )
+from pallas_kernels.gdn_chunked import gdn_chunked, gdn_chunked_into, gdn_sequential_reference
+from pallas_kernels.gdn_state_update import gdn_state_update
 from pallas_kernels.prefill_attention import (
     paged_prefill_attention,
     paged_prefill_attention_into,
     paged_prefill_attention_reference,
 )
-from pallas_kernels.gdn_chunked import gdn_chunked, gdn_chunked_into, gdn_sequential_reference
-from pallas_kernels.gdn_state_update import gdn_state_update
 from pallas_kernels.splitk_decode_attention import (
     paged_decode_attention_reference,
     splitk_decode_attention,
