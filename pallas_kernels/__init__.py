@@ -7,7 +7,7 @@ every kernel runs in interpret mode on a CPU backend and compiled on a GPU.
 The arena regions each arena form uses and their geometry are in `jaxarena.workspaces`; the
 kernel folders export further helpers (e.g. `splitk_decode_attention.splitk_num_splits`,
 `ssd_chunked_scan.ssd_sequential_reference`,
-`ssd_state_update.ssd_state_update_reference`). `ssd_state_update` (the Mamba-2 decode step)
+`ssd_state_update.ssd_state_update_reference`, `grouped_gemm.work_list`). `ssd_state_update` (the Mamba-2 decode step)
 needs no workspace: its in-place operand is the caller's state cache.
 """
 
@@ -15,6 +15,12 @@ from pallas_kernels.fp8_block_quant import (
     fp8_block_quant,
     fp8_block_quant_into,
     fp8_block_quant_reference,
+)
+from pallas_kernels.grouped_gemm import (
+    fp8_moe_reference,
+    grouped_gemm,
+    grouped_gemm_fp8,
+    grouped_gemm_reference,
 )
 from pallas_kernels.splitk_decode_attention import (
     paged_decode_attention_reference,
@@ -32,6 +38,10 @@ __all__ = [
     "fp8_block_quant",
     "fp8_block_quant_into",
     "fp8_block_quant_reference",
+    "fp8_moe_reference",
+    "grouped_gemm",
+    "grouped_gemm_fp8",
+    "grouped_gemm_reference",
     "paged_decode_attention_reference",
     "splitk_decode_attention",
     "splitk_decode_attention_into",
