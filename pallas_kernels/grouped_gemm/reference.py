@@ -37,15 +37,24 @@ def grouped_gemm_reference(lhs, rhs, group_sizes) -> np.ndarray:
     return out
 
 
-def token_group_quant_reference(x, block: int = 128, eps: float = 1e-10):
+def token_group_quant_reference(x, block: int = 128, eps: float = 1e-10,
+                                reciprocal: bool = False):  # fmt: skip
     """vLLM's `native_per_token_group_quant_fp8` (f32 math): `(q e4m3 [M, K], s f32[M, nb])`;
-    `K` a multiple of `block`."""
+    `K` a multiple of `block`.
+
+    `reciprocal=True`: `x * (1 / s)` with the block max floored at 1e-4, the rounding of
+    `pallas_kernels.fp8_block_quant` (and DeepSeek-V3's `act_quant`); vLLM divides, which puts
+    a few values on the other side of an e4m3 rounding boundary (one e4m3 step, up to 1/16 of
+    the value in the top binade).
+    """
     x = np.asarray(x, np.float32)
     m, k = x.shape
     g = x.reshape(m, k // block, block)
-    amax = np.maximum(np.abs(g).max(axis=-1, keepdims=True), np.float32(eps))
+    floor = np.float32(1e-4 if reciprocal else eps)
+    amax = np.maximum(np.abs(g).max(axis=-1, keepdims=True), floor)
     scale = (amax / np.float32(448.0)).astype(np.float32)
-    q = np.clip(g / scale, -448.0, 448.0).astype(_E4M3)
+    scaled = g * (np.float32(1.0) / scale) if reciprocal else g / scale
+    q = np.clip(scaled, -448.0, 448.0).astype(_E4M3)
     return q.reshape(m, k), scale[..., 0]
 
 
@@ -66,8 +75,10 @@ def block_matmul_reference(a_q, b_q, a_s, b_s, block: int = 128, out_dtype=np.fl
 
 
 def fp8_moe_reference(a, w1, w2, w1_s, w2_s, topk_weight, topk_ids, block: int = 128,
-                      out_dtype=ml_dtypes.bfloat16) -> np.ndarray:  # fmt: skip
+                      out_dtype=ml_dtypes.bfloat16, reciprocal: bool = False) -> np.ndarray:  # fmt: skip
     """`torch_w8a8_block_fp8_moe`'s result `[B, D]` (f32 array of `out_dtype` values).
+
+    `reciprocal`: quantize the activations as `token_group_quant_reference(reciprocal=True)`.
 
     `a [B, D]`, `w1 e4m3[E, 2I, D]` (gate rows then up rows), `w2 e4m3[E, D, I]`, their
     `[E, ceil(./128), ceil(./128)]` scales, `topk_weight [B, k]`, `topk_ids [B, k]`.
@@ -78,7 +89,7 @@ def fp8_moe_reference(a, w1, w2, w1_s, w2_s, topk_weight, topk_ids, block: int =
     rep = np.repeat(a, topk, axis=0)
     ids = np.asarray(topk_ids).reshape(-1)
     out = np.zeros((b * topk, w2.shape[1]), out_dtype)
-    a_q, a_s = token_group_quant_reference(rep, block)
+    a_q, a_s = token_group_quant_reference(rep, block, reciprocal=reciprocal)
     for e in range(w1.shape[0]):
         mask = ids == e
         if not mask.any():
@@ -87,7 +98,7 @@ def fp8_moe_reference(a, w1, w2, w1_s, w2_s, topk_weight, topk_ids, block: int =
         half = inter.shape[1] // 2
         gate, up = inter[:, :half].astype(np.float32), inter[:, half:].astype(np.float32)
         act = (gate / (1.0 + np.exp(-gate)) * up).astype(out_dtype)
-        act_q, act_s = token_group_quant_reference(act, block)
+        act_q, act_s = token_group_quant_reference(act, block, reciprocal=reciprocal)
         out[mask] = block_matmul_reference(act_q, w2[e], act_s, w2_s[e], block, out_dtype)
     weighted = (
         out.reshape(b, topk, -1).astype(np.float32)
