@@ -186,8 +186,8 @@ def _bits(a: jax.Array) -> jax.Array:
 
 def fp8_config(m: int, k: int, n: int, g: int, bm: int, *, gather: bool, interpret: bool):
     """The `GemmConfig` of a block-FP8 grouped GEMM."""
-    # 64-deep steps (two per scale block): a 128 x 128 e4m3 tile spills on an H200.
-    return GemmConfig(m=m, k=k, n=n, groups=g, block_m=bm, block_n=BLOCK_N, block_k=64,
+    # 32-deep steps (four per scale block): 128-deep spills on an H200, 64-deep on a B200.
+    return GemmConfig(m=m, k=k, n=n, groups=g, block_m=bm, block_n=BLOCK_N, block_k=32,
                       fp8=True, rhs_nk=True, gather=gather, upcast=interpret)  # fmt: skip
 
 
