@@ -129,3 +129,20 @@ def test_bad_input_is_refused(args, match):
 def test_block_m_is_checked():
     with pytest.raises(ValueError, match="block_m=24"):
         grouped_gemm(jnp.zeros((4, 8)), jnp.zeros((1, 8, 4)), jnp.asarray([4]), block_m=24)
+
+
+def test_moe_fp8_scratch_layout_holds_the_kernels_work_list():
+    """Spec §10's check values, 256-aligned disjoint parts, and room for the kernel's work list
+    (8 bytes per item, 128-row tiles) at every row count."""
+    from jaxarena.workspaces import moe_fp8_scratch_layout
+    from pallas_kernels.grouped_gemm import max_work_items
+
+    kw = dict(top_k=8, num_experts=256, hidden_size=2048, moe_intermediate_size=512,
+              shared_expert_intermediate_size=512)  # fmt: skip
+    for rows, total in ((2176, 9_292_036), (8, 99_844)):
+        lay = moe_fp8_scratch_layout(rows=rows, **kw)
+        assert lay["counter"][0] + lay["counter"][1] == total
+        spans = [lay[p] for p in ("activation", "scales", "worklist", "counter")]
+        assert all(off % 256 == 0 for off, _ in spans)
+        assert all(a[0] + a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+        assert max_work_items(rows * 8, 256, 128) * 8 <= lay["worklist"][1]
