@@ -144,5 +144,5 @@ def test_moe_fp8_scratch_layout_holds_the_kernels_work_list():
         assert lay["counter"][0] + lay["counter"][1] == total
         spans = [lay[p] for p in ("activation", "scales", "worklist", "counter")]
         assert all(off % 256 == 0 for off, _ in spans)
-        assert all(a[0] + a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+        assert all(a[0] + a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False))
         assert max_work_items(rows * 8, 256, 128) * 8 <= lay["worklist"][1]
