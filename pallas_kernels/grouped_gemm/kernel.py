@@ -24,6 +24,22 @@ __all__ = ["GemmConfig", "grouped_gemm_kernel"]
 
 
 @dataclasses.dataclass(frozen=True)
+class ArenaAt:
+    """Where the FP8 arena form's operands are in the arena operand `uint32[rows, 64]`: the
+    first row of each `moe_fp8_scratch` part (activation `[R, K]` e4m3 bytes, scales
+    `f32[R, nb]`, work list `int32[I, 2]`, u32 counter) and the operand's last row."""
+
+    act_row0: int
+    scale_row0: int
+    items_row0: int
+    count_row0: int
+    last_row: int
+
+
+_WORDS = 64  # 32-bit words per 256-byte arena row
+
+
+@dataclasses.dataclass(frozen=True)
 class GemmConfig:
     """Static shapes and choices of one grouped GEMM.
 
@@ -46,6 +62,7 @@ class GemmConfig:
     gather: bool = False
     upcast: bool = False
     scale_block: int = 128
+    arena: ArenaAt | None = None
 
 
 def _scalar(ref, *idx):
@@ -68,20 +85,55 @@ def grouped_gemm_kernel(*refs, cfg: GemmConfig) -> None:
     `fp8`, and the output `[m, N]`.
     """
     refs = list(refs)
-    items_ref, bounds_ref, count_ref = refs[:3]
-    rest = refs[3:]
+    at = cfg.arena
+    if at is None:
+        items_ref, bounds_ref, count_ref = refs[:3]
+        rest = refs[3:]
+    else:
+        bounds_ref, rest = refs[0], refs[1:]
     row_ids_ref = rest.pop(0) if cfg.gather else None
     lhs_ref = rest.pop(0)
-    lhs_scale_ref = rest.pop(0) if cfg.fp8 else None
+    lhs_scale_ref = rest.pop(0) if cfg.fp8 and at is None else None
     rhs_ref = rest.pop(0)
     rhs_scale_ref = rest.pop(0) if cfg.fp8 else None
     (out_ref,) = rest
 
+    def word(row0, index, mask=None):
+        """The 32-bit word `index` (int32) of the arena part starting at row `row0`."""
+        r = jnp.minimum(row0 + index // _WORDS, at.last_row)
+        if mask is None:
+            return plgpu.load(lhs_ref.at[r, index % _WORDS])
+        return plgpu.load(lhs_ref.at[r, index % _WORDS], mask=mask, other=0)
+
+    def item(i, field):
+        if at is None:
+            return _scalar(items_ref, i, field)
+        return lax.bitcast_convert_type(word(at.items_row0, 2 * i + field), jnp.int32)
+
+    def count():
+        if at is None:
+            return _scalar(count_ref, 0)
+        return lax.bitcast_convert_type(word(at.count_row0, jnp.int32(0)), jnp.int32)
+
+    def load_a(src, ks_c, mask):
+        if at is None:
+            return plgpu.load(lhs_ref.at[src[:, None], ks_c[None, :]], mask=mask, other=0)
+        # e4m3 byte `src * K + k` of the activation part: its word, then the byte within.
+        byte = src[:, None] * cfg.k + ks_c[None, :]
+        w = word(at.act_row0, byte // 4, mask)
+        return ((w >> (8 * (byte % 4)).astype(jnp.uint32)) & jnp.uint32(0xFF)).astype(jnp.uint8)
+
+    def load_a_scale(src, kb, mask):
+        if at is None:
+            return plgpu.load(lhs_scale_ref.at[src, kb], mask=mask, other=0.0)
+        w = word(at.scale_row0, src * pl.cdiv(cfg.k, cfg.scale_block) + kb, mask)
+        return lax.bitcast_convert_type(w, jnp.float32)
+
     i, j = pl.program_id(0), pl.program_id(1)
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
-    g = _scalar(items_ref, i, 0)
-    tile = _scalar(items_ref, i, 1)
-    valid = i < _scalar(count_ref, 0)
+    g = item(i, 0)
+    tile = item(i, 1)
+    valid = i < count()
     gc = jnp.clip(g, 0, cfg.groups)
     lo = jnp.where(valid, _scalar(bounds_ref, gc), 0)
     hi = jnp.where(valid, _scalar(bounds_ref, gc + 1), 0)
@@ -106,9 +158,7 @@ def grouped_gemm_kernel(*refs, cfg: GemmConfig) -> None:
         ks = kk * bk + lax.broadcasted_iota(jnp.int32, (bk,), 0)
         k_ok = ks < cfg.k
         ks_c = jnp.minimum(ks, cfg.k - 1)
-        a = plgpu.load(
-            lhs_ref.at[src[:, None], ks_c[None, :]], mask=row_ok[:, None] & k_ok[None, :], other=0
-        )
+        a = load_a(src, ks_c, row_ok[:, None] & k_ok[None, :])
         a = _as_fp8(a) if cfg.fp8 else a
         if cfg.rhs_nk:
             b = plgpu.load(
@@ -133,7 +183,7 @@ def grouped_gemm_kernel(*refs, cfg: GemmConfig) -> None:
             part = jnp.dot(a, b, preferred_element_type=jnp.float32)
         if cfg.fp8:
             kb = (kk * bk) // cfg.scale_block  # block_k divides the 128-wide scale block
-            a_s = plgpu.load(lhs_scale_ref.at[src, kb], mask=row_ok, other=0.0)
+            a_s = load_a_scale(src, kb, row_ok)
             w_s = _scalar(rhs_scale_ref, ge, (j * bn) // cfg.scale_block, kb)
             part = part * (a_s[:, None] * w_s)
         return acc + part
