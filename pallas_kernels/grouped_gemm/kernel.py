@@ -82,7 +82,9 @@ def grouped_gemm_kernel(*refs, cfg: GemmConfig) -> None:
     `bounds[g]:bounds[g + 1]`, group `G` the zero rows), `count int32[1]` (items in use), then
     `row_ids int32[m]` when `gather`, `lhs [rows, K]`, `lhs_scale f32[rows, ceil(K/bk)]` when
     `fp8`, `rhs` (`[G, K, N]` or `[G, N, K]`), `rhs_scale f32[G, ceil(N/128), ceil(K/128)]` when
-    `fp8`, and the output `[m, N]`.
+    `fp8`, and the output `[m, N]`. With `cfg.arena`: `bounds`, `row_ids` when `gather`, the
+    arena operand `uint32[rows, 64]` (work list, counter, activations and scales, `ArenaAt`),
+    `rhs`, `rhs_scale` and the output.
     """
     refs = list(refs)
     at = cfg.arena
