@@ -7,6 +7,7 @@ functions, so the bytes a kernel uses can never exceed the bytes sized.
   many `[o[head_dim], m, l]` f32 slots the arena holds, and the bytes of one slot.
 - Mamba-2 SSD chunked scan: the f32 scratch sections `dt`, `dA_cumsum` and `CB`.
 - Gated DeltaNet chunked prefill: the sections `W | U | S | uc | gc` of `gdn_fla_scratch`.
+- Grouped FP8 MoE slab (`moe_fp8_scratch`, spec §10): its four parts' offsets.
 - FP8 block-scaled activations: rows (`ceil16(M)`), scale columns and region bytes. The seed
   sizes the dense-FFN k-major scales with `floor(K / 128)` columns (spec §13); the kernel
   writes `ceil(K / 128)`; `fp8_scale_cols` names both roundings.
@@ -17,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal
 
-from jaxarena._units import ceil16, ceil_div
+from jaxarena._units import ceil16, ceil_div, round_up
 
 __all__ = [
     "SplitKPolicy",
@@ -48,6 +49,8 @@ __all__ = [
     "fp8_scale_cols",
     "fp8_act_bytes",
     "ffn_fp8_uses_seed_regions",
+    "MOE_FP8_PARTS",
+    "moe_fp8_scratch_layout",
 ]
 
 SPLITK_TARGET_WAVES = 2
@@ -323,3 +326,47 @@ def ffn_fp8_uses_seed_regions(k: int) -> bool:
     is a multiple of 128. Otherwise the model keeps that projection's activations in bf16.
     """
     return k % FP8_BLOCK == 0
+
+
+# -- Grouped FP8 MoE slab ------------------------------------------------------------------------
+
+MOE_FP8_PARTS: tuple[str, str, str, str] = ("activation", "scales", "worklist", "counter")
+"""The parts of `moe_fp8_scratch`, in arena order (spec §10)."""
+
+
+def moe_fp8_scratch_layout(
+    *,
+    rows: int,
+    top_k: int,
+    num_experts: int,
+    hidden_size: int,
+    moe_intermediate_size: int,
+    shared_expert_intermediate_size: int = 0,
+) -> dict[str, tuple[int, int]]:
+    """Byte `(offset, nbytes)` of each part of the grouped FP8 MoE slab for `rows` tokens.
+
+    The seed's layout (spec §10), each part 256-aligned, for the wider of the shared expert
+    (`rows` tokens of `max(hidden, shared_inter)`) and the routed experts (`rows * top_k`
+    expanded rows of `moe_inter`): `activation` (e4m3, 1 B per element), `scales` (f32 per 128
+    elements), `worklist` (8 bytes per tile item: `(ceil(rows * top_k / 128) + E + 1)` row
+    tiles times `ceil(max(hidden, moe_inter) / 64)` column tiles) and `counter` (one u32).
+    `nbytes` is each part's unrounded size; the slab's bytes are
+    `offset + nbytes` of `counter`. Empty (all zeros) when `num_experts == 0`.
+    """
+    if num_experts == 0:
+        return {p: (0, 0) for p in MOE_FP8_PARTS}
+    expanded = rows * top_k
+    shared_k = max(hidden_size, shared_expert_intermediate_size)
+    inter = moe_intermediate_size
+    activation = max(rows * shared_k, expanded * inter)
+    scales = max(rows * ceil_div(shared_k, 128), expanded * ceil_div(inter, 128)) * 4
+    items = (ceil_div(expanded, 128) + num_experts + 1) * ceil_div(max(hidden_size, inter), 64)
+    scale_off = round_up(activation, 256)
+    worklist_off = scale_off + round_up(scales, 256)
+    counter_off = worklist_off + round_up(items * 8, 256)
+    return {
+        "activation": (0, activation),
+        "scales": (scale_off, scales),
+        "worklist": (worklist_off, items * 8),
+        "counter": (counter_off, 4),
+    }

@@ -7,7 +7,8 @@ every kernel runs in interpret mode on a CPU backend and compiled on a GPU.
 The arena regions each arena form uses and their geometry are in `jaxarena.workspaces`; the
 kernel folders export further helpers (e.g. `splitk_decode_attention.splitk_num_splits`,
 `ssd_chunked_scan.ssd_sequential_reference`,
-`ssd_state_update.ssd_state_update_reference`, `prefill_attention.prefill_blocks`).
+`ssd_state_update.ssd_state_update_reference`, `prefill_attention.prefill_blocks`,
+`grouped_gemm.work_list`).
 `ssd_state_update` (the Mamba-2 decode step) and `gdn_state_update` (the Gated DeltaNet one)
 need no workspace: their in-place operand is the caller's state cache.
 `paged_prefill_attention` (prefill and chunked prefill over the paged KV cache) needs none
@@ -21,6 +22,12 @@ from pallas_kernels.fp8_block_quant import (
 )
 from pallas_kernels.gdn_chunked import gdn_chunked, gdn_chunked_into, gdn_sequential_reference
 from pallas_kernels.gdn_state_update import gdn_state_update
+from pallas_kernels.grouped_gemm import (
+    fp8_moe_reference,
+    grouped_gemm,
+    grouped_gemm_fp8,
+    grouped_gemm_reference,
+)
 from pallas_kernels.prefill_attention import (
     paged_prefill_attention,
     paged_prefill_attention_into,
@@ -42,10 +49,14 @@ __all__ = [
     "fp8_block_quant",
     "fp8_block_quant_into",
     "fp8_block_quant_reference",
+    "fp8_moe_reference",
     "gdn_chunked",
     "gdn_chunked_into",
     "gdn_sequential_reference",
     "gdn_state_update",
+    "grouped_gemm",
+    "grouped_gemm_fp8",
+    "grouped_gemm_reference",
     "paged_decode_attention_reference",
     "paged_prefill_attention",
     "paged_prefill_attention_into",

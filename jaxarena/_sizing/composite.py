@@ -12,7 +12,12 @@ from typing import Literal
 
 from jaxarena._config.model import ModelConfig
 from jaxarena._units import ceil_div, round_up
-from jaxarena.workspaces import GDN_CHUNK, gdn_fla_scratch_layout, ssd_scratch_layout
+from jaxarena.workspaces import (
+    GDN_CHUNK,
+    gdn_fla_scratch_layout,
+    moe_fp8_scratch_layout,
+    ssd_scratch_layout,
+)
 
 __all__ = [
     "DECODE_META_MIN_ROWS",
@@ -166,18 +171,15 @@ def moe_fp8_scratch_bytes(config: ModelConfig, rows: int) -> int:
     tokens) and the routed experts (`rows * top_k` expanded rows)."""
     if config.num_experts == 0:
         return 0
-    expanded = rows * config.num_experts_per_tok
-    shared_k = max(config.hidden_size, config.shared_expert_intermediate_size)
-    inter = config.moe_intermediate_size
-    activation = max(rows * shared_k, expanded * inter)
-    scales = max(rows * ceil_div(shared_k, 128), expanded * ceil_div(inter, 128)) * 4
-    items = (ceil_div(expanded, 128) + config.num_experts + 1) * ceil_div(
-        max(config.hidden_size, inter), 64
-    )
-    scale_off = round_up(activation, 256)
-    worklist_off = scale_off + round_up(scales, 256)
-    counter_off = worklist_off + round_up(items * 8, 256)
-    return counter_off + 4
+    offset, nbytes = moe_fp8_scratch_layout(
+        rows=rows,
+        top_k=config.num_experts_per_tok,
+        num_experts=config.num_experts,
+        hidden_size=config.hidden_size,
+        moe_intermediate_size=config.moe_intermediate_size,
+        shared_expert_intermediate_size=config.shared_expert_intermediate_size,
+    )["counter"]
+    return offset + nbytes
 
 
 def q2_dequant_scratch_bytes(config: ModelConfig) -> int:

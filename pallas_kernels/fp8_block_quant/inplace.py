@@ -181,7 +181,7 @@ def quantize_inplace(
     x: jax.Array,
     up: jax.Array | None = None,
     *,
-    offsets: tuple[int, int, int],
+    offsets: tuple[int, int, int | None],
     rows: int,
     block_size: int,
     scale_format: str,
@@ -190,7 +190,10 @@ def quantize_inplace(
     debug: bool = False,
 ) -> jax.Array:
     """The arena with the three regions written; `debug=True` prints the kernel's jaxpr and
-    Triton IR when lowering for a GPU (Pallas' `debug`), which the tests read."""
+    Triton IR when lowering for a GPU (Pallas' `debug`), which the tests read.
+
+    `offsets[2] = None` writes no k-major scales (the grouped FP8 MoE slab has no such part;
+    not with `packed`)."""
     m, k = x.shape
     num_blocks = pl.cdiv(k, block_size)
     width = pl.next_power_of_2(block_size)
@@ -201,12 +204,15 @@ def quantize_inplace(
     # The arena operand (`_arena_io`): on the GPU the whole arena viewed as words (a bitcast);
     # in interpret mode the row windows of the three regions, written back after the calls.
     nb4 = pl.cdiv(num_blocks, 4)
+    kmajor = offsets[2] is not None
+    assert kmajor or not packed, "packed ue8m0 scales need a k-major region"
     used = (rows * k, rows * num_blocks * WORD, (nb4 if packed else num_blocks) * rows * WORD)
-    win = plan_windows(arena.shape[0], list(zip(offsets, used, strict=True)), whole=not interpret)
+    extents = list(zip(offsets, used, strict=True))[: 3 if kmajor else 2]
+    win = plan_windows(arena.shape[0], extents, whole=not interpret)
     words = win.take_joined(arena)  # one operand: the whole arena, or the windows stacked
-    q_at, s_at, t_at = (
-        _At(win.joined_row0(i, off), words.shape[0] - 1) for i, off in enumerate(offsets)
-    )
+    ats = [_At(win.joined_row0(i, off), words.shape[0] - 1) for i, off in enumerate(offsets)
+           if off is not None]  # fmt: skip
+    q_at, s_at, t_at = ats if kmajor else (*ats, None)
     kernel = functools.partial(
         _inplace_kernel,
         fused=up is not None,
@@ -219,7 +225,7 @@ def quantize_inplace(
         width=width,
         q_at=q_at,
         s_at=s_at,
-        t_at=None if packed else t_at,
+        t_at=None if packed or not kmajor else t_at,
         scale_format=scale_format,
         ptx=not interpret,
         row_aligned=k % ROW_BYTES == 0 and width == block_size and ROW_BYTES % width == 0,

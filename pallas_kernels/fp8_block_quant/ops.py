@@ -197,7 +197,9 @@ def _quantize(
 def _pack_ue8m0(scales: jax.Array) -> jax.Array:
     """`float32[R, nb]` power-of-two scales -> `int32[ceil(nb / 4), R]` packed exponents."""
     r, nb = scales.shape
-    exps = jax.lax.shift_right_logical(jax.lax.bitcast_convert_type(scales, jnp.uint32), jnp.uint32(23))
+    exps = jax.lax.shift_right_logical(
+        jax.lax.bitcast_convert_type(scales, jnp.uint32), jnp.uint32(23)
+    )
     exps = jnp.pad(exps, ((0, 0), (0, -nb % 4))).reshape(r, -1, 4)
     words = exps[..., 0] | exps[..., 1] << 8 | exps[..., 2] << 16 | exps[..., 3] << 24
     return jax.lax.bitcast_convert_type(words, jnp.int32).T

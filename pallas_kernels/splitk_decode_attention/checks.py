@@ -246,7 +246,9 @@ def validate(
                 )
     for name, d in (("head_dim", D), ("v_head_dim", Dv)):
         if d < 1:
-            raise ValueError(f"{name} must be at least 1, got {name}={d} (q.shape={tuple(q.shape)})")
+            raise ValueError(
+                f"{name} must be at least 1, got {name}={d} (q.shape={tuple(q.shape)})"
+            )
         if not (_is_pow2(d) or d % 8 == 0):
             raise NotImplementedError(
                 f"{name}={d} must be a power of two or a multiple of 8 (the kernel works in "
