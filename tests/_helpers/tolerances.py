@@ -15,6 +15,14 @@ TOLERANCES: dict[tuple[str, str], dict[str, float]] = {
     # bf16 inputs and a bf16 output: one bf16 ulp at |x|~1 is 2^-8 ~ 4e-3; the output rounding
     # plus the reference's own f32 path stay within a few ulps.
     ("attention", "bfloat16"): dict(atol=2e-2, rtol=0.0),
+    # vLLM's MLA decode CPU test grid (issue 29): the tolerances vLLM's test gets from
+    # `torch.testing.assert_close`'s defaults for each dtype, kept as they are so that "agrees
+    # with vLLM's test" means the same thing here. The test adds one ulp of the (rounded)
+    # expected value: the kernel and the reference each round an f32 value to the output
+    # dtype once, and two f32 values closer than the tolerance may round to neighbours.
+    ("vllm_mla", "float32"): dict(atol=1e-5, rtol=1.3e-6),
+    ("vllm_mla", "float16"): dict(atol=1e-5, rtol=1e-3),
+    ("vllm_mla", "bfloat16"): dict(atol=1e-5, rtol=1.6e-2),
     # SSD chunked scan against the sequential recurrence: exp/cumsum reassociation over a chunk
     # of 64 steps gives relative errors of order 1e-6..1e-5 in f32.
     ("ssd", "float32"): dict(atol=1e-4, rtol=1e-4),
