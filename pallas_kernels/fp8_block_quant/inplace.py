@@ -150,9 +150,10 @@ def _pack_tile(rows: int) -> int:
     return tile
 
 
-def _pack_kernel(_, arena_ref, *, rows: int, num_blocks: int, s_at: _At, t_at: _At) -> None:
+def _pack_kernel(_, arena_ref, *, m: int, rows: int, num_blocks: int, s_at: _At, t_at: _At) -> None:
     """Packs the row-major ue8m0 scales (already in the arena) into `int32[nb4, rows]` words:
-    one word (4 groups) for `_pack_tile(rows)` tokens per grid step."""
+    one word (4 groups) for `_pack_tile(rows)` tokens per grid step. Tokens `m..rows` (the
+    padding) get 0 words."""
     i, g = pl.program_id(0), pl.program_id(1)
     tile = _pack_tile(rows)
     tr = i * tile + jax.lax.broadcasted_iota(jnp.int32, (tile,), 0)
@@ -166,6 +167,7 @@ def _pack_kernel(_, arena_ref, *, rows: int, num_blocks: int, s_at: _At, t_at: _
         bits = plgpu.load(arena_ref.at[jnp.minimum(srow, s_at.last_row), scol], mask=ok, other=0)
         exp = jnp.where(group < num_blocks, bits >> jnp.uint32(23), jnp.uint32(0))
         word = word | (exp << jnp.uint32(8 * b))
+    word = jnp.where(tr < m, word, jnp.uint32(0))
     trow, tcol = _word_position(t_at.row0, (g * rows + tr_c) * WORD)
     plgpu.store(arena_ref.at[jnp.minimum(trow, t_at.last_row), tcol], word, mask=ok)
 
@@ -246,7 +248,7 @@ def quantize_inplace(
         debug=debug,
     )(*inputs, words)
     if packed:
-        pack = functools.partial(_pack_kernel, rows=rows, num_blocks=num_blocks, s_at=s_at,
+        pack = functools.partial(_pack_kernel, m=m, rows=rows, num_blocks=num_blocks, s_at=s_at,
                                  t_at=t_at)  # fmt: skip
         words = pl.pallas_call(
             pack,

@@ -15,8 +15,13 @@ Scale layouts (`scale_layout`):
     contiguous: the layout DeepGEMM's SM100 kernels read
     (`get_mn_major_tma_aligned_packed_ue8m0_tensor`). Needs `scale_format="ue8m0"`.
 Rows past M (up to `align4(M)`, or `ceil16(M)` in the arena) are quantized as zero rows
-(zeros, the floor scale); exponent bytes of groups past `nb` in the last word are 0, as
-DeepGEMM pads them.
+(zeros, the floor scale) in q and the f32 layouts. In `"packed_ue8m0"` they are 0 words, as
+vLLM's packed per-token-group quantizer (`per_token_group_quant_fp8_packed_for_deepgemm`)
+stores them, so a consumer that reads whole TMA tiles reads zeros; exponent bytes of groups
+past `nb` in the last word are 0, as DeepGEMM pads them. An all-zero group of a real row keeps
+the floor scale: `2**-22`, exponent byte 0x69, as DeepGEMM's `per_token_cast_to_fp8` (floor
+1e-4) gives; vLLM's packed quantizer writes 0x5e there (`2**-33`, from its 1e-10 floor). The
+peers disagree; this follows DeepGEMM.
 
 The arena forms write straight into the arena: on a GPU the WHOLE arena goes into the
 `pallas_call` aliased to its output (`memory_space=pl.ANY`), viewed as 32-bit words, and the
@@ -194,14 +199,16 @@ def _quantize(
     return q_bits[:num_rows, :k], scales[:num_rows]
 
 
-def _pack_ue8m0(scales: jax.Array) -> jax.Array:
-    """`float32[R, nb]` power-of-two scales -> `int32[ceil(nb / 4), R]` packed exponents."""
+def _pack_ue8m0(scales: jax.Array, m: int) -> jax.Array:
+    """`float32[R, nb]` power-of-two scales -> `int32[ceil(nb / 4), R]` packed exponents; the
+    words of rows `m..R` (padding) are 0."""
     r, nb = scales.shape
     exps = jax.lax.shift_right_logical(
         jax.lax.bitcast_convert_type(scales, jnp.uint32), jnp.uint32(23)
     )
     exps = jnp.pad(exps, ((0, 0), (0, -nb % 4))).reshape(r, -1, 4)
     words = exps[..., 0] | exps[..., 1] << 8 | exps[..., 2] << 16 | exps[..., 3] << 24
+    words = jnp.where(jnp.arange(r)[:, None] < m, words, jnp.uint32(0))
     return jax.lax.bitcast_convert_type(words, jnp.int32).T
 
 
@@ -236,7 +243,7 @@ def _standalone(x, up, *, block_size, scale_format, scale_layout, interpret):
     if scale_layout == "col":
         scales = scales.T
     elif scale_layout == "packed_ue8m0":
-        scales = _pack_ue8m0(scales)
+        scales = _pack_ue8m0(scales, m)
     return q, scales
 
 
@@ -267,7 +274,8 @@ def fp8_block_quant(
       scale_format: `"f32"` or `"ue8m0"` (power-of-two scales, as Blackwell MX GEMMs read).
       scale_layout: `"row"` (`float32[M, nb]`), `"col"` (`float32[nb, align4(M)]`) or
         `"packed_ue8m0"` (`int32[ceil(nb / 4), align4(M)]`, four exponents per word, DeepGEMM
-        SM100); see the module docstring. Rows past M are zero rows (the floor scale).
+        SM100); see the module docstring. Rows past M are zero rows (the floor scale), except
+        in `"packed_ue8m0"`, where their words are 0 (as vLLM's packed quantizer).
       interpret: `None` runs the Pallas interpreter on CPU and the compiled Triton kernel on
         GPU; `True`/`False` force one.
 
@@ -414,7 +422,9 @@ _INTO_DOC = """
         `"packed_ue8m0"`: `int32[ceil(nb / 4), R]`, four UE8M0 exponents per word (DeepGEMM
         SM100's layout; `R` is a multiple of 4 as TMA needs).
     Rows `M..R` hold zeros and the scale of an all-zero group (`1e-4 / 448`; `2**-22` for
-    `"ue8m0"`), so a GEMM that reads the pad rows reads finite values. Bytes past those shapes
+    `"ue8m0"`), so a GEMM that reads the pad rows reads finite values; in `{t}` with
+    `"packed_ue8m0"` their words are 0 (as vLLM's packed quantizer stores the padding, not
+    DeepGEMM's 0x69 floor byte, which an all-zero group of a real row keeps). Bytes past those shapes
     and every other region are left unchanged.
 
     In place: on a GPU the whole arena goes into the kernel aliased to its output, viewed as

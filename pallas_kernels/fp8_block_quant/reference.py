@@ -88,6 +88,7 @@ def _quantize(xf: jax.Array, *, block_size: int, scale_format: str, scale_layout
     byte = byte.reshape(rows, words_per_row, 4)
     weights = jnp.array([1, 256, 65536, 16777216], jnp.uint32)  # little endian
     words = jnp.sum(byte * weights, axis=-1, dtype=jnp.uint32)
+    words = words.at[m:].set(0)  # padding tokens: 0 words (vLLM's packed quantizer)
     return q, jax.lax.bitcast_convert_type(words, jnp.int32).T
 
 
@@ -105,7 +106,8 @@ def fp8_block_quant_reference(
       scale_layout: `"row"` (`float32[M, nb]`), `"col"` (`float32[nb, align4(M)]`, rows past
         M quantized as zero rows) or `"packed_ue8m0"` (`int32[ceil(nb / 4), align4(M)]`: byte
         `b` of word `w` is the biased exponent of group `4w + b`, 0 past the last group;
-        DeepGEMM's `get_mn_major_tma_aligned_packed_ue8m0_tensor` layout).
+        DeepGEMM's `get_mn_major_tma_aligned_packed_ue8m0_tensor` layout; the words of rows
+        past M are 0, as vLLM's packed quantizer stores them).
 
     Returns:
       `(q, scales)`: `q` is `float8_e4m3fn[M, K]` with `q * scale ~ x`; `scales` as above.

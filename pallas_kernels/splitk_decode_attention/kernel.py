@@ -23,7 +23,9 @@ finite after the first iteration and no `inf - inf` arises.
 
 Per key: `x = sm_scale * k_scale * (q . k)`, then `x = softcap * tanh(x / softcap)` with a
 soft-cap; values are `v_scale * v`. FP8 pages are converted to q's dtype (exact for e4m3) and
-the per-KV-head scales multiply the dot products, not the pages.
+the per-KV-head scales multiply the dot products, not the pages. The P.V product keeps the f32
+probabilities to 16 (bf16) or 22 (f16) significant bits as two 16-bit dots (`_probs_dot`):
+they are never rounded once to v's dtype.
 
 Head dims are processed in power-of-two column chunks (`80 = 64 + 16`, `576 = 512 + 64`): no
 padding in HBM or registers. With `v_from_k` (MLA's latent cache) the values are the first
@@ -191,6 +193,30 @@ def _store_output(dst_ref, lse_ref, chunks, outs, lse, row_ok, cfg: KernelConfig
         plgpu.store(lse_ref.at[b, pl.ds(head0, cfg.block_h)], lse, mask=mask)
 
 
+def _probs_dot(probs, v, acc):
+    """`acc + probs f32[h, t] @ v[t, d]` in f32, with `v` in a 16-bit dtype on the tensor cores.
+
+    Rounding the probabilities to v's dtype once (as a plain `probs.astype(v.dtype)` dot
+    would) costs up to half a bf16 ulp (2^-9 relative) on every weight: about 2e-3 absolute
+    on MLA's 512-wide outputs, 37x vLLM's bf16 tolerance on its MLA decode grid. Instead the
+    probabilities are split into `hi = round(p)` and `lo = round(p - hi)` and both products
+    are accumulated in f32: `hi + lo` carries 2x the mantissa bits (16 for bf16, 22 for f16),
+    and `v` (already in its dtype) is exact, so the result is the f32 product up to about
+    2^-17 relative, below the output's own rounding. `p - hi` is exact in f32. An f32 `v`
+    takes one IEEE f32 dot. Each product is added to `acc` on its own (`acc + dot`), which
+    Triton folds into the MMA's accumulator: no separate product tile is held.
+    """
+
+    def dot(a):
+        return lax.dot_general(a, v, _NN, precision=_HI, preferred_element_type=jnp.float32)
+
+    if v.dtype == jnp.float32:
+        return acc + dot(probs)
+    hi = probs.astype(v.dtype)
+    lo = (probs - hi.astype(jnp.float32)).astype(v.dtype)
+    return (acc + dot(hi)) + dot(lo)
+
+
 def splitk_attention_kernel(*refs, cfg: KernelConfig):
     """One `(b, kv, j, s)` program of the attention pass.
 
@@ -298,9 +324,11 @@ def splitk_attention_kernel(*refs, cfg: KernelConfig):
         o_next = []
         for o, vc in zip(o_prev, v_tiles, strict=True):
             vc = jnp.where(valid[:, None], vc, jnp.zeros_like(vc))  # never 0 * NaN
+            if cfg.use_dot and not cfg.fp8:
+                o_next.append(_probs_dot(probs, vc, alpha[:, None] * o))
+                continue
             if cfg.use_dot:
-                pv = lax.dot_general(probs.astype(vc.dtype), vc, _NN, precision=_HI,
-                                     preferred_element_type=jnp.float32)  # fmt: skip
+                pv = _probs_dot(probs, vc, jnp.zeros((probs.shape[0], vc.shape[1]), jnp.float32))
             else:
                 pv = jnp.sum(probs[:, :, None] * vc[None, :, :], axis=1)
             if cfg.fp8:

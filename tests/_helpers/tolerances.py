@@ -28,6 +28,14 @@ TOLERANCES: dict[tuple[str, str], dict[str, float]] = {
     # 2^-7 = 0.008). Worst case 0.017; bound 2e-2 (the split-K table entry, same arithmetic).
     # Measured: <= 7.6e-3 (|out| <= 2.9).
     ("prefill", "bfloat16"): dict(atol=2e-2, rtol=0.0),
+    # vLLM's MLA decode CPU test grid (issue 29): the tolerances vLLM's test gets from
+    # `torch.testing.assert_close`'s defaults for each dtype, kept as they are so that "agrees
+    # with vLLM's test" means the same thing here. The test adds one ulp of the (rounded)
+    # expected value: the kernel and the reference each round an f32 value to the output
+    # dtype once, and two f32 values closer than the tolerance may round to neighbours.
+    ("vllm_mla", "float32"): dict(atol=1e-5, rtol=1.3e-6),
+    ("vllm_mla", "float16"): dict(atol=1e-5, rtol=1e-3),
+    ("vllm_mla", "bfloat16"): dict(atol=1e-5, rtol=1.6e-2),
     # SSD chunked scan against the sequential recurrence: exp/cumsum reassociation over a chunk
     # of 64 steps gives relative errors of order 1e-6..1e-5 in f32.
     ("ssd", "float32"): dict(atol=1e-4, rtol=1e-4),

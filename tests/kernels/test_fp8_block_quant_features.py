@@ -53,7 +53,7 @@ def _deepgemm_packed(scales: np.ndarray) -> np.ndarray:
     pad MN to a multiple of 4 (TMA: 16 bytes / 4-byte words) and groups to a multiple of 4 with
     zero bytes; view each row's bytes as little-endian int32 words; store MN-major, i.e. the
     physical array is `[groups / 4, align4(MN)]`. Pad rows here are given, not zeroed: the
-    caller passes scales for all `align4(M)` rows."""
+    caller passes scales for all `align4(M)` rows (a 0 scale gives a 0 byte)."""
     mn, nb = scales.shape
     assert mn % 4 == 0
     ue8m0 = (scales.astype(np.float32).view(np.uint32) >> 23).astype(np.uint8)
@@ -90,13 +90,13 @@ def test_layouts_and_groups_bit_exact(m, k, block_size, scale_format, scale_layo
     _assert_bits_equal(s, s_ref, "scales")
     if scale_layout == "packed_ue8m0":
         # The reference's packing against DeepGEMM's layout, from the row-major f32 scales of
-        # all align4(M) rows (pad rows are zero rows: the floor scale).
-        x_pad = jnp.pad(x, ((0, rows - m), (0, 0)))
-        _, s_rows = fp8_block_quant_reference(x_pad, block_size=block_size, scale_format="ue8m0")
-        np.testing.assert_array_equal(np.asarray(s_ref), _deepgemm_packed(np.asarray(s_rows)))
-        # Bytes of groups past nb are zero; the others decode back to the scales.
+        # the M rows; the pad rows' words are 0 (vLLM's packed quantizer).
+        _, s_rows = fp8_block_quant_reference(x, block_size=block_size, scale_format="ue8m0")
+        s_rows = np.concatenate([np.asarray(s_rows), np.zeros((rows - m, nb), np.float32)])
+        np.testing.assert_array_equal(np.asarray(s_ref), _deepgemm_packed(s_rows))
+        # Bytes of groups past nb and of pad rows are zero; the others decode to the scales.
         words = np.ascontiguousarray(np.asarray(s).T).view(np.uint8).reshape(rows, -1)
-        assert not np.any(words[:, nb:])
+        assert not np.any(words[:, nb:]) and not np.any(words[m:])
         np.testing.assert_array_equal(
             np.exp2(words[:m, :nb].astype(np.float64) - 127), np.asarray(s_rows)[:m]
         )
@@ -230,6 +230,8 @@ def test_arena_forms(m, k, block, fused, scale_format, scale_layout, dtype):
         _, kmajor = fp8_block_quant_reference(jnp.pad(x, pad), scale_layout=scale_layout, **kw)
         regions = ("fp8_act", "fp8_act_scale", "fp8_act_scale_kmajor")
     q = jax.lax.bitcast_convert_type(q, jnp.uint8)
+    if scale_layout == "packed_ue8m0":  # pad tokens: 0 words (vLLM's packed quantizer)
+        kmajor = kmajor.at[:, m:].set(0)
     _check_arena(plan, before, arena, regions, np.asarray(q), np.asarray(s_row),
                  np.asarray(kmajor))  # fmt: skip
 
@@ -300,3 +302,64 @@ def test_arena_form_does_not_copy_the_arena_in_interpret_mode(packed):
     mem = jax.jit(step, donate_argnums=0).lower(*args).compile().memory_analysis()
     assert mem.alias_size_in_bytes == plan.total_bytes
     assert mem.temp_size_in_bytes <= 64 * 1024, mem.temp_size_in_bytes
+
+
+# ---------------------------------------------------------------------------------------------
+# vLLM's packed per-token-group grid (issue 29): the storage of the padding
+
+
+def _vllm_packed_numpy(x: np.ndarray, group: int) -> np.ndarray:
+    """numpy model of the packed UE8M0 scale storage `int32[ceil(nb / 4), align4(M)]`:
+    `scale = max(amax, 1e-4) / 448` (numpy's f32 division is correctly rounded) rounded up
+    to a power of two, its byte the biased exponent (plus one when a mantissa bit is set);
+    bytes of groups past `nb` and every byte of tokens past M are 0, as vLLM's packed
+    quantizer stores them (its test poisons the buffer first and checks the zeros)."""
+    m, k = x.shape
+    nb = k // group
+    amax = np.abs(x.astype(np.float32)).reshape(m, nb, group).max(axis=-1)
+    bits = (np.maximum(amax, np.float32(1e-4)) / np.float32(448)).view(np.uint32)
+    byte = (bits >> 23) + ((bits & 0x7FFFFF) != 0)
+    out = np.zeros((-(-m // 4) * 4, -(-nb // 4) * 4), np.uint8)
+    out[:m, :nb] = byte
+    return np.ascontiguousarray(out.view("<i4").T)
+
+
+VLLM_PACKED = [(t, h) for h in (640, 7168) for t in (1, 3, 127, 253)]
+
+
+@pytest.mark.parametrize("tokens, hidden", VLLM_PACKED)
+def test_packed_ue8m0_matches_vllm_grid(tokens, hidden):
+    """vLLM's `test_per_token_group_quant_fp8_packed` shapes with M padding (tokens 1, 3, 127,
+    253; hidden 640: 5 groups, K padding too; 7168: 56 groups), group 128, `randn * 8` bf16.
+    An all-zero token keeps DeepGEMM's 0x69 byte (vLLM would store 0x5e there)."""
+    rng = np.random.default_rng(tokens * hidden)
+    x = (rng.standard_normal((tokens, hidden)) * 8).astype(np.float32)
+    if tokens > 1:
+        x[1] = 0.0
+    x = jnp.asarray(x).astype(jnp.bfloat16)
+    kw = dict(block_size=128, scale_format="ue8m0", scale_layout="packed_ue8m0")
+    q, s = fp8_block_quant(x, **kw)
+    want = _vllm_packed_numpy(np.asarray(x.astype(jnp.float32)), 128)
+    _assert_bits_equal(s, want, "packed scales")
+    q_ref, _ = fp8_block_quant_reference(x, **kw)
+    _assert_bits_equal(q, q_ref, "q")
+    if tokens > 1:
+        row1 = np.ascontiguousarray(np.asarray(s).T)[1].view(np.uint8)[: hidden // 128]
+        assert np.all(row1 == 0x69), row1
+
+
+@pytest.mark.parametrize("tokens, hidden", [(253, 640), (3, 7168)])
+def test_packed_ue8m0_arena_zeroes_the_padding(tokens, hidden):
+    """The arena form over a poisoned (random) region: tokens past M, up to ceil16(M), hold 0
+    words; the rest is the standalone form's packing."""
+    plan = _plan(tokens, hidden, 128)
+    before = random_arena(plan, seed=tokens)
+    x = _x(np.random.default_rng(hidden), tokens, hidden, jnp.bfloat16)
+    kw = dict(block_size=128, scale_format="ue8m0", scale_layout="packed_ue8m0")
+    step = jax.jit(functools.partial(fp8_block_quant_into, plan=plan, **kw), donate_argnums=0)
+    arena = step(jnp.asarray(before), x=x)
+    rows, nb4 = -(-tokens // 16) * 16, -(-hidden // 512)
+    got = np.asarray(plan.view(arena, "fp8_act_scale_kmajor", (nb4, rows), jnp.int32))
+    assert not np.any(got[:, tokens:]), "padding tokens hold non-zero bytes"
+    _, s = fp8_block_quant(x, **kw)
+    _assert_bits_equal(got[:, :tokens], np.asarray(s)[:, :tokens], "packed scales")

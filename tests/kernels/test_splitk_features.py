@@ -2,8 +2,8 @@
 in interpret mode, standalone and in place in an arena.
 
 Every case checks one option at f32 and at bf16 (the suite's attention tolerances: the kernel
-and the reference differ only in summation order and, for bf16, in the bf16 rounding of the
-probabilities before the P.V dot), plus the option's edge cases. Each distinct (shapes, dtype,
+and the reference differ in summation order and, for bf16, in the output's rounding; the
+kernel keeps the probabilities to 16 mantissa bits before the P.V dot), plus the option's edge cases. Each distinct (shapes, dtype,
 split count, option) is one interpret-mode compile of a few seconds, so the cases are few and
 small; the arena cases combine the options and check the arena bytes bit for bit against the
 standalone form.
