@@ -13,7 +13,12 @@ from _helpers.hybrid_plain import PlainHybrid
 from _helpers.tolerances import tol
 
 from jaxarena import ArenaPlan, BufferSizes, ModelConfig, record_lifetimes
-from jaxarena.models.hybrid import HybridModel, default_block_tables, init_caches, init_params
+from jaxarena.models.reference.hybrid import (
+    HybridModel,
+    default_block_tables,
+    init_caches,
+    init_params,
+)
 from jaxarena.testing import assert_footprint, assert_traced_at_most, count_traces
 
 STEPS = 32
