@@ -56,7 +56,7 @@ ROUNDINGS = {"attention": 2 + 3, "swiglu": 2 + 4, "relu2": 2 + 2, "mamba": 2 + 4
 
 def stored_roundings(lm) -> int:
     a = lm.model.arch
-    kinds = [a.mlp if k == "mlp" else k for k in a.blocks]
+    kinds = [b.act if b.kind == "mlp" else b.kind for b in a.blocks]
     return 1 + sum(ROUNDINGS[k] for k in kinds)
 
 
