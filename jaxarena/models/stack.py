@@ -6,7 +6,8 @@ each block `x += mixer(rmsnorm(x))` with a mixer from `jaxarena.models.blocks`
 (`Attention`, `MLP`, `Mamba2`, ...). The decoder owns the residual stream: it writes the
 embeddings to `hidden_states`, and around every block copies the skip path to `residual`,
 writes the pre-norm to `norm_output`, and adds the block's output back into `hidden_states`.
-Caches are one entry per block (`None` for a block without one), in block order.
+Caches are one entry per block (`None` for a block without one): a dict keyed by
+`cache_keys` (`"<kind>.<index>"`, e.g. `"attention.001"`).
 
 Prefill and decode share one loop (`_blocks`); they differ only in the `StepContext` they
 build (prefill: packed prompts with `cu_seqlens`; decode: one token per sequence with
@@ -61,6 +62,25 @@ class Arch:
         """The kind of each block (`"attention"`, `"mamba"`, `"mlp"`, ...)."""
         return tuple(b.kind for b in self.blocks)
 
+    @property
+    def cache_keys(self) -> tuple[str, ...]:
+        """The key of each block's cache, `"<kind>.<index>"` (`"mamba.000"`, ...).
+
+        The kind comes first on purpose: jax flattens a dict in key order, so the caches
+        reach XLA grouped by kind (all KV caches, then all SSM states). XLA's CPU buffer
+        assignment depends on the parameter order; in block order it kept one more
+        interpreter copy alive in the reference hybrid's decode step (+126 KB temp,
+        tests/models/test_hybrid_e2e.py::test_decode_footprint).
+        """
+        return tuple(f"{b.kind}.{i:03d}" for i, b in enumerate(self.blocks))
+
+    def init_caches(self, config: ModelConfig, *, num_blocks: int, kv_block_size: int,
+                    rows: int) -> dict[str, Any]:  # fmt: skip
+        """Zeroed decode caches, `{cache key: Block.init_cache(...)}` for every block."""
+        return {key: b.init_cache(config, num_blocks=num_blocks, kv_block_size=kv_block_size,
+                                  rows=rows)
+                for key, b in zip(self.cache_keys, self.blocks, strict=True)}  # fmt: skip
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ArenaLM:
@@ -93,14 +113,13 @@ class ArenaLM:
         return Env(config=self.config, plan=self.plan, kv_block_size=self.kv_block_size,
                    target=self.target, levers=self.levers, interpret=self.interpret)  # fmt: skip
 
-    def init_caches(self, *, num_blocks: int, rows: int) -> tuple[Any, ...]:
-        """Zeroed decode caches, one entry per block (`Block.init_cache`): an attention block
-        a paged bf16 KV cache (`k`, `v`: `[num_blocks, kv_block_size, Hkv, D]`), a Mamba block
-        its f32 SSM state (`[rows, H, P, N]`) and conv window (`[rows, 3, d_xbc]`), an MLP
-        None."""
-        return tuple(b.init_cache(self.config, num_blocks=num_blocks,
-                                  kv_block_size=self.kv_block_size, rows=rows)
-                     for b in self.arch.blocks)  # fmt: skip
+    def init_caches(self, *, num_blocks: int, rows: int) -> dict[str, Any]:
+        """Zeroed decode caches, one entry per block (`Block.init_cache`) under its
+        `Arch.cache_keys` key: an attention block a paged bf16 KV cache (`k`, `v`:
+        `[num_blocks, kv_block_size, Hkv, D]`), a Mamba block its f32 SSM state
+        (`[rows, H, P, N]`) and conv window (`[rows, 3, d_xbc]`), an MLP None."""
+        return self.arch.init_caches(self.config, num_blocks=num_blocks,
+                                     kv_block_size=self.kv_block_size, rows=rows)  # fmt: skip
 
     # -- the shared loop -------------------------------------------------------------------------
 
@@ -110,17 +129,18 @@ class ArenaLM:
         env, plan, eps = self.env, self.plan, self.arch.rms_eps
         h_shape = (tokens.shape[0], self.config.hidden_size)
         arena = put(plan, arena, "hidden_states", params["embed"][tokens])
-        out_caches = []
-        for block, p, cache in zip(self.arch.blocks, params["layers"], caches, strict=True):
+        out_caches = {}
+        blocks = zip(self.arch.cache_keys, self.arch.blocks, params["layers"], strict=True)
+        for key, block, p in blocks:
             arena = put(plan, arena, "residual", get(plan, arena, "hidden_states", h_shape))
             normed = rms_norm(get(plan, arena, "hidden_states", h_shape), p["norm"], eps)
             arena = put(plan, arena, "norm_output", normed)
             step = block.prefill if mode == "prefill" else block.decode
-            arena, cache, out = step(env, p, arena, cache, ctx)
+            arena, cache, out = step(env, p, arena, caches[key], ctx)
             resid = get(plan, arena, "residual", h_shape)
             arena = put(plan, arena, "hidden_states", resid + out)
-            out_caches.append(cache)
-        return arena, tuple(out_caches)
+            out_caches[key] = cache
+        return arena, out_caches
 
     def _lm_head(self, arena, params, rows, t: int):
         """Final norm and LM head of the hidden rows `rows` (indices) into `logits`."""

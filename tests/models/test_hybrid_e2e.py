@@ -149,7 +149,7 @@ def test_decode_footprint(setup, arena_run):
     n_attn = sum(lt == "full_attention" for lt in cfg.layer_types)
     kv_f32 = n_attn * 2 * (b * BLOCKS_PER_SEQ) * BLOCK * cfg.num_key_value_heads * cfg.head_dim * 4
     # The first Mamba layer's state cache (caches are one entry per layer).
-    state = next(c["state"] for c in caches if isinstance(c, dict) and "state" in c)
+    state = next(c["state"] for c in caches.values() if isinstance(c, dict) and "state" in c)
     s_slots, n_heads, head_p, n_state = state.shape
     ssd_pad = (s_slots + 1) * (n_heads + 1) * head_p * n_state * 4
     bound = kv_f32 + len(cfg.layer_types) * 64 * 1024 + ssd_pad

@@ -101,14 +101,15 @@ def init_params(config: ModelConfig, seed: int = 0) -> dict[str, Any]:
 
 def init_caches(
     config: ModelConfig, *, num_blocks: int, block_size: int, max_batch_size: int
-) -> tuple[Any, ...]:
-    """Zeroed decode caches, one entry per layer (`Block.init_cache`): a paged bf16 KV cache
-    per attention layer (`[num_blocks, block_size, Hkv, D]`), per Mamba layer the f32 SSM
-    state (`[max_batch_size, H, P, N]`) and the conv window (`[max_batch_size, 3, d_xbc]`),
-    None per MLP layer."""
-    return tuple(b.init_cache(config, num_blocks=num_blocks, kv_block_size=block_size,
-                              rows=max_batch_size)
-                 for b in _blocks(config))  # fmt: skip
+) -> dict[str, Any]:
+    """Zeroed decode caches, one entry per layer (`Arch.init_caches`, keyed by
+    `Arch.cache_keys`): a paged bf16 KV cache per attention layer
+    (`[num_blocks, block_size, Hkv, D]`), per Mamba layer the f32 SSM state
+    (`[max_batch_size, H, P, N]`) and the conv window (`[max_batch_size, 3, d_xbc]`), None
+    per MLP layer."""
+    arch = Arch(blocks=_blocks(config), rms_eps=RMS_EPS)
+    return arch.init_caches(config, num_blocks=num_blocks, kv_block_size=block_size,
+                            rows=max_batch_size)  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
