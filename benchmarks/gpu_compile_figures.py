@@ -114,7 +114,12 @@ def ssd_cases(ts=(2048, 8192), h: int = 64, p: int = 64, n: int = 128, g: int = 
 
 
 def hybrid_cases(batch: int = 4, max_seq: int = 64, block: int = 16):
-    from jaxarena.models.hybrid import HybridModel, default_block_tables, init_caches, init_params
+    from jaxarena.models.reference.hybrid import (
+        HybridModel,
+        default_block_tables,
+        init_caches,
+        init_params,
+    )
 
     cfg = ModelConfig.preset("tiny-hybrid")
     model = HybridModel.create(cfg, max_batch_tokens=64, max_seq_len=max_seq,

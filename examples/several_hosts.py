@@ -26,7 +26,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from jaxarena import BufferSizes, Levers, ModelConfig, Target  # noqa: E402
-from jaxarena.models.tp_attention import (  # noqa: E402
+from jaxarena.models.reference.tp_attention import (  # noqa: E402
     attention_arena_plan,
     init_attention_weights,
     make_tp_attention_step,

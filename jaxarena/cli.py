@@ -368,7 +368,7 @@ def _available_memory() -> int | None:
 def demo_memory_estimate(steps: int, batch: int) -> int:
     """Bytes `jaxarena demo` needs at most: f32 weights, the arena, every sequence's KV cache and
     states at full length (prompts of up to 16 tokens + `steps`), and the host-side tokens."""
-    from jaxarena.models.demo import DEMO_PRESET
+    from jaxarena.models.reference.demo import DEMO_PRESET
 
     config = ModelConfig.preset(DEMO_PRESET)
     budget = MemoryBudget(
@@ -399,7 +399,7 @@ def _check_demo(args: argparse.Namespace) -> None:
 def cmd_demo(args: argparse.Namespace) -> int:
     _check_demo(args)
     # Imported here: the model and its kernels cost ~0.4 s of import that plan/budget/fit skip.
-    from jaxarena.models.demo import run_demo
+    from jaxarena.models.reference.demo import run_demo
 
     return run_demo(steps=args.steps, batch=args.batch, seed=args.seed)
 

@@ -26,9 +26,12 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jaxarena._units import ROW_BYTES
+
 __all__ = ["ROW_BYTES", "WORD", "WORDS_PER_ROW", "Windows", "plan_windows", "to_bytes", "words"]
 
-ROW_BYTES = 256  # jaxarena's arena row
+# ROW_BYTES: the arena's row width, from the one place that defines it (re-exported here for
+# the kernels that address the arena in rows).
 WORD = 4
 WORDS_PER_ROW = ROW_BYTES // WORD
 

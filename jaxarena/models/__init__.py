@@ -1,19 +1,24 @@
 """Models that run on the arena: plain JAX blocks whose intermediates live in the arena's
-regions.
+regions (see README.md in this folder for the layout and how to add a block or a family).
 
-- `arena_lm`: `ArenaLM`, the one decoder implementation (attention / Mamba-2 / MLP blocks,
-  float or FP8 block-scaled weights) that every model below runs on.
-- `pretrained`: `load_pretrained(path, ...)` -> `CausalLM` for a local HuggingFace checkpoint
-  (Llama, Mistral, Qwen3, Mamba-2, Nemotron-H; bf16 or FP8 block-quantized), with
-  `prefill_logits` and greedy `generate`.
-- `checkpoint`: the safetensors reader (`open_checkpoint`, `CheckpointError`).
-- `hybrid`: the random-weight reference hybrid (`HybridModel`), a case of `ArenaLM`.
-- `tp_attention`: a tensor-parallel attention block over a sharded arena, one arena per
-  device.
-- `demo`: what `jaxarena demo` runs.
+- `core`: arena access (`put` / `get` / `linear`, FP8 block-scaled weights), RMSNorm, RoPE.
+- `blocks`: the residual blocks (`Attention`, `MLP`, `Mamba2`), each owning its parameters,
+  its cache and its prefill / decode; `blocks.registry` names them by kind.
+- `stack`: `ArenaLM` (and its `Arch`), the one decoder over a tuple of blocks that every model
+  below runs on.
+- `families`: `config.json` -> blocks and tensor names (Llama, Mistral, Qwen3, Mamba-2,
+  Nemotron-H); `families.registry` maps `model_type` to its family.
+- `checkpoint`: the safetensors reader (`open_checkpoint`, `CheckpointError`, `Reader`).
+- `runtime`: `load_pretrained(path, ...)` -> `CausalLM`, with `prefill_logits` and greedy
+  `generate` (bf16 or FP8 block-quantized checkpoints).
+- `reference`: the random-weight hybrid (`HybridModel`), the tensor-parallel attention block,
+  and what `jaxarena demo` runs.
+- `generate_cli`: what `jaxarena generate` runs.
 """
 
 from jaxarena.models.checkpoint import CheckpointError
-from jaxarena.models.pretrained import CausalLM, load_pretrained
+from jaxarena.models.reference.hybrid import HybridModel
+from jaxarena.models.runtime import CausalLM, load_pretrained
+from jaxarena.models.stack import Arch, ArenaLM
 
-__all__ = ["CausalLM", "CheckpointError", "load_pretrained"]
+__all__ = ["Arch", "ArenaLM", "CausalLM", "CheckpointError", "HybridModel", "load_pretrained"]

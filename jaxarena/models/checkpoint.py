@@ -7,23 +7,29 @@ go through numpy dtypes, which have no bfloat16 or float8, so this module reads 
 itself and views the bytes with the `ml_dtypes` types JAX uses. Nothing is copied before the
 caller asks for a tensor: the files are memory-mapped.
 
+`Reader` takes the tensors a model uses out of a `Checkpoint` by name, checking each shape
+against what `config.json` implies, and keeps FP8 block-quantized linear weights
+(`FP8Spec`, from `quantization_config`) as `{"w", "scale_inv"}`.
+
 Every problem (a missing file, a truncated or corrupt file, a tensor whose bytes do not match
 its dtype and shape, a name given twice) raises `CheckpointError` naming the file and tensor.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import mmap
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import ml_dtypes
 import numpy as np
 
-__all__ = ["CheckpointError", "Checkpoint", "open_checkpoint", "DTYPES"]
+__all__ = ["CheckpointError", "Checkpoint", "open_checkpoint", "DTYPES", "FP8Spec", "Reader",
+           "fp8_spec", "FLOAT_DTYPES"]  # fmt: skip
 
 # safetensors dtype name -> numpy dtype (bfloat16 / float8 from ml_dtypes).
 DTYPES: dict[str, np.dtype] = {
@@ -211,3 +217,110 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
         return Checkpoint(root, config, [_File(single)])
     raise CheckpointError(f"{root}: neither model.safetensors nor model.safetensors.index.json "
                           "(only safetensors checkpoints are read)")  # fmt: skip
+
+
+# -- reading a model's tensors -------------------------------------------------------------------
+
+FLOAT_DTYPES = ("BF16", "F16", "F32")
+
+
+@dataclasses.dataclass(frozen=True)
+class FP8Spec:
+    """An FP8 block-quantized checkpoint: the weight block and the modules left unquantized."""
+
+    block: tuple[int, int]
+    skip: tuple[str, ...]
+
+    def quantized(self, module: str) -> bool:
+        """Whether `module`'s weight is stored FP8: transformers' rule, unquantized when any
+        listed key is a substring of its name; the LM head is never quantized."""
+        return not any(k in module for k in self.skip) and module != "lm_head"
+
+
+def fp8_spec(raw: dict[str, Any], path: Path) -> FP8Spec | None:
+    """The FP8 scheme of `config.json` (`raw`), None for a float checkpoint.
+
+    Raises:
+      NotImplementedError: a quantization other than e4m3 weights in 128 x 128 blocks with
+        dynamic activation scales.
+    """
+    q = raw.get("quantization_config")
+    if q is None:
+        return None
+
+    def unsupported(what: str) -> NotImplementedError:
+        return NotImplementedError(f"{path / 'config.json'}: {what}")
+
+    if not isinstance(q, dict) or q.get("quant_method") != "fp8":
+        method = q.get("quant_method") if isinstance(q, dict) else q
+        raise unsupported(f"quantization_config quant_method={method!r}; only 'fp8'")
+    if q.get("fmt", "e4m3") != "e4m3" or q.get("activation_scheme", "dynamic") != "dynamic":
+        raise unsupported("FP8 checkpoints other than e4m3 weights with dynamic activation "
+                          "scales are not implemented")  # fmt: skip
+    block = q.get("weight_block_size")
+    if block != [128, 128]:
+        raise unsupported(f"weight_block_size={block!r}; only [128, 128] (one scale per "
+                          "128 x 128 block) is implemented")  # fmt: skip
+    return FP8Spec(block=(128, 128), skip=tuple(q.get("modules_to_not_convert") or ()))
+
+
+class Reader:
+    """Takes tensors out of a checkpoint by name, checking presence, shape and dtype, and
+    records which it took (`unused()` lists the rest)."""
+
+    def __init__(self, ckpt: Checkpoint, fp8: FP8Spec | None) -> None:
+        self.ckpt, self.fp8 = ckpt, fp8
+        self.used: set[str] = set()
+
+    def _where(self, name: str) -> str:
+        return f"{self.ckpt.path}: tensor {name!r}"
+
+    def raw(self, name: str, shape: tuple[int, ...], dtypes: Sequence[str]) -> np.ndarray:
+        """Tensor `name` as stored (memory-mapped), after checking its shape and dtype."""
+        if name not in self.ckpt:
+            raise CheckpointError(f"{self._where(name)} is missing (expected shape "
+                                  f"{list(shape)} from config.json)")  # fmt: skip
+        got = self.ckpt.shape(name)
+        if got != tuple(shape):
+            raise CheckpointError(f"{self._where(name)} in {self.ckpt.file_of(name)} has shape "
+                                  f"{list(got)} but config.json implies {list(shape)}; the "
+                                  "config and the weights disagree")  # fmt: skip
+        dt = self.ckpt.dtype_name(name)
+        if dt not in dtypes:
+            raise CheckpointError(f"{self._where(name)} has dtype {dt}, expected "
+                                  f"{' or '.join(dtypes)}")  # fmt: skip
+        self.used.add(name)
+        return self.ckpt[name]
+
+    def vector(self, name: str, n: int) -> np.ndarray:
+        """A float vector `[n]` (copied)."""
+        return np.array(self.raw(name, (n,), FLOAT_DTYPES))
+
+    def matrix(self, name: str, rows: int, cols: int) -> np.ndarray:
+        """A float matrix `[rows, cols]` (copied)."""
+        return np.array(self.raw(name, (rows, cols), FLOAT_DTYPES))
+
+    def linear(self, module: str, out: int, inp: int) -> Any:
+        """`[in, out]` float weight, or the FP8 dict `{"w": [out, in], "scale_inv"}`."""
+        name = module + ".weight"
+        if self.fp8 is not None and self.fp8.quantized(module):
+            bo, bi = self.fp8.block
+            w = self.raw(name, (out, inp), ("F8_E4M3",))
+            s = self.raw(module + ".weight_scale_inv", (-(-out // bo), -(-inp // bi)), ("F32",))
+            return {"w": np.array(w), "scale_inv": np.array(s)}
+        return np.ascontiguousarray(self.raw(name, (out, inp), FLOAT_DTYPES).T)
+
+    def qkv(self, prefix: str, cfg: Any) -> Any:
+        """`{prefix}.{q,k,v}_proj` of a GQA block: one `[hidden, (Hq + 2 Hkv) D]` float matrix,
+        or a (q, k, v) tuple when any of them is FP8."""
+        h, hd = cfg.hidden_size, cfg.head_dim
+        parts = [self.linear(f"{prefix}.{n}_proj", heads * hd, h) for n, heads in
+                 (("q", cfg.num_attention_heads), ("k", cfg.num_key_value_heads),
+                  ("v", cfg.num_key_value_heads))]  # fmt: skip
+        if all(isinstance(p, np.ndarray) for p in parts):
+            return np.concatenate(parts, axis=1)  # one [hidden, (Hq + 2 Hkv) D] matmul
+        return tuple(parts)
+
+    def unused(self) -> list[str]:
+        """The checkpoint's tensors nobody read, sorted."""
+        return sorted(set(self.ckpt) - self.used)

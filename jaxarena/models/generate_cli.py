@@ -9,7 +9,7 @@ import json
 
 from jaxarena import Target
 from jaxarena._units import format_bytes
-from jaxarena.models.pretrained import load_pretrained
+from jaxarena.models.runtime import load_pretrained
 
 __all__ = ["run_generate"]
 

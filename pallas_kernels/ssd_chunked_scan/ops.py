@@ -37,10 +37,10 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from jaxarena._arena.bytes import ROW_BYTES
+from jaxarena._units import ROW_BYTES
 from jaxarena.workspaces import SSD_CHUNK
 from pallas_kernels._args import resolve_interpret
-from pallas_kernels.ssd_chunked_scan._checks import (
+from pallas_kernels.ssd_chunked_scan.checks import (
     _F32_PER_ROW,
     SSD_REGION,
     SUPPORTED_CHUNK_SIZES,

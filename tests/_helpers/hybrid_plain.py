@@ -55,7 +55,7 @@ def fp8_quant_dequant(x, block=128):
 
 
 class PlainHybrid:
-    """Same maths as `jaxarena.models.hybrid.HybridModel`, written without the arena."""
+    """Same maths as `jaxarena.models.reference.hybrid.HybridModel`, written without the arena."""
 
     def __init__(self, config, params, max_len):
         self.c = config

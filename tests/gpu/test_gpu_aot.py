@@ -205,7 +205,7 @@ def test_hybrid_decode_step_compiles():
     if _unavailable("h200") is not None:
         pytest.skip(f"no compile-only h200: {_unavailable('h200')}")
     target = "h200"
-    from jaxarena.models.hybrid import HybridModel, init_caches, init_params
+    from jaxarena.models.reference.hybrid import HybridModel, init_caches, init_params
 
     cfg = ModelConfig.preset("tiny-hybrid")
     batch, max_seq, block = 4, 64, 16

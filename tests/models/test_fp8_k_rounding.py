@@ -13,7 +13,12 @@ from _helpers.hybrid_plain import PlainHybrid
 from _helpers.tolerances import tol
 
 from jaxarena import ArenaError, ArenaPlan, BufferSizes, Levers, ModelConfig, Target, workspaces
-from jaxarena.models.hybrid import HybridModel, default_block_tables, init_caches, init_params
+from jaxarena.models.reference.hybrid import (
+    HybridModel,
+    default_block_tables,
+    init_caches,
+    init_params,
+)
 from pallas_kernels import fp8_block_quant_into
 
 INTER = 200  # not a multiple of 128: floor(200 / 128) = 1 column, ceil = 2

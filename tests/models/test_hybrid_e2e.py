@@ -13,7 +13,12 @@ from _helpers.hybrid_plain import PlainHybrid
 from _helpers.tolerances import tol
 
 from jaxarena import ArenaPlan, BufferSizes, ModelConfig, record_lifetimes
-from jaxarena.models.hybrid import HybridModel, default_block_tables, init_caches, init_params
+from jaxarena.models.reference.hybrid import (
+    HybridModel,
+    default_block_tables,
+    init_caches,
+    init_params,
+)
 from jaxarena.testing import assert_footprint, assert_traced_at_most, count_traces
 
 STEPS = 32
@@ -143,7 +148,8 @@ def test_decode_footprint(setup, arena_run):
     cache_bytes = sum(x.nbytes for x in jax.tree.leaves(caches))
     n_attn = sum(lt == "full_attention" for lt in cfg.layer_types)
     kv_f32 = n_attn * 2 * (b * BLOCKS_PER_SEQ) * BLOCK * cfg.num_key_value_heads * cfg.head_dim * 4
-    state = caches["ssm"][0]["state"]
+    # The first Mamba layer's state cache (caches are one entry per layer).
+    state = next(c["state"] for c in caches.values() if isinstance(c, dict) and "state" in c)
     s_slots, n_heads, head_p, n_state = state.shape
     ssd_pad = (s_slots + 1) * (n_heads + 1) * head_p * n_state * 4
     bound = kv_f32 + len(cfg.layer_types) * 64 * 1024 + ssd_pad

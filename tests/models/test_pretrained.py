@@ -56,7 +56,7 @@ ROUNDINGS = {"attention": 2 + 3, "swiglu": 2 + 4, "relu2": 2 + 2, "mamba": 2 + 4
 
 def stored_roundings(lm) -> int:
     a = lm.model.arch
-    kinds = [a.mlp if k == "mlp" else k for k in a.blocks]
+    kinds = [b.act if b.kind == "mlp" else b.kind for b in a.blocks]
     return 1 + sum(ROUNDINGS[k] for k in kinds)
 
 
@@ -271,9 +271,9 @@ def test_fp8_logits_within_the_e4m3_bound(runs):
 def test_one_model_implementation():
     """The random-weight reference hybrid runs the same blocks as the checkpoints: it only
     chooses an architecture (no prefill / decode of its own)."""
-    from jaxarena.models.arena_lm import ArenaLM
-    from jaxarena.models.hybrid import HybridModel
-    from jaxarena.models.pretrained import CausalLM
+    from jaxarena.models.reference.hybrid import HybridModel
+    from jaxarena.models.runtime import CausalLM
+    from jaxarena.models.stack import ArenaLM
 
     assert issubclass(HybridModel, ArenaLM)
     for name in ("prefill", "decode_step", "_mlp", "_qkv", "_linear"):
@@ -312,7 +312,7 @@ def test_fp8_block_matmul_against_float64():
     accumulation and scaling: relative error ~ K * 2^-24, bounded here by 1e-6."""
     import ml_dtypes
 
-    from jaxarena.models.arena_lm import fp8_block_matmul
+    from jaxarena.models.core.arena import fp8_block_matmul
 
     rng = np.random.default_rng(0)
     t, k, n = 8, 200, 300

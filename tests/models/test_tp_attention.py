@@ -13,8 +13,8 @@ from _helpers.tolerances import tol
 from jax import lax
 
 from jaxarena import ArenaError, ArenaPlan, BufferSizes, ConfigError, Levers, ModelConfig, Target
-from jaxarena.models import tp_attention
-from jaxarena.models.tp_attention import (
+from jaxarena.models.reference import tp_attention
+from jaxarena.models.reference.tp_attention import (
     attention_arena_plan,
     init_attention_weights,
     make_tp_attention_step,

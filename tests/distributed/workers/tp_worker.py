@@ -3,7 +3,7 @@
     python -m jaxarena.launch --processes 2 --devices-per-process 4 -- \\
         python tests/distributed/workers/tp_worker.py OUT_DIR
 
-Runs `STEPS` steps of the TP attention block (`jaxarena.models.tp_attention`) with tp over the
+Runs `STEPS` steps of the TP attention block (`jaxarena.models.reference.tp_attention`) with tp over the
 devices of ALL processes, so the row-parallel `psum` crosses processes, and writes the outputs
 (`tp_y_p<id>.npy`, one `[STEPS, M, H]` array) and what it saw of its own devices
 (`tp_p<id>.json`) to OUT_DIR. `run_block` is also what the test runs in ONE process, on one
@@ -47,7 +47,7 @@ def run_block(devices: list[Any]) -> dict[str, Any]:
     import jax.numpy as jnp
 
     from jaxarena import BufferSizes, Levers, ModelConfig, Target
-    from jaxarena.models.tp_attention import (
+    from jaxarena.models.reference.tp_attention import (
         attention_arena_plan,
         init_attention_weights,
         make_tp_attention_step,

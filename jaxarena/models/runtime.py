@@ -1,7 +1,8 @@
 """HuggingFace checkpoints on the arena: `load_pretrained(path, ...) -> CausalLM`.
 
-Families (`model_type` of `config.json`): `llama`, `mistral`, `qwen3` (q/k norms), `mamba2`
-and `nemotron_h` (Mamba-2, attention and relu^2 MLP blocks; no MoE blocks). Checkpoints may be
+Families (`model_type` of `config.json`, `jaxarena.models.families.registry`): `llama`,
+`mistral`, `qwen3` (q/k norms), `mamba2` and `nemotron_h` (Mamba-2, attention and relu^2 MLP
+blocks; no MoE blocks). Checkpoints may be
 FP8 block-quantized (`quantization_config = {"quant_method": "fp8", "weight_block_size":
 [128, 128]}`, the Qwen3-*-FP8 / DeepSeek-V3 format): their linear weights stay
 `float8_e4m3fn` on the device with their f32 `weight_scale_inv` block scales, activations are
@@ -11,7 +12,7 @@ stored (bf16).
 
 The arena is sized from the same `config.json` (`ModelConfig.from_hf` ->
 `BufferSizes.from_config`); there is no second size computation. The model itself is
-`jaxarena.models.arena_lm.ArenaLM`, the one implementation the random-weight reference hybrid
+`jaxarena.models.stack.ArenaLM`, the one implementation the random-weight reference hybrid
 also runs on.
 
 Known differences from transformers: Nemotron-H's chunked prefill in transformers clamps
@@ -33,243 +34,36 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxarena import ArenaPlan, BufferSizes, Levers, ModelConfig, Target, record_lifetimes
-from jaxarena.models.arena_lm import Arch, ArenaLM
-from jaxarena.models.checkpoint import Checkpoint, CheckpointError, open_checkpoint
+from jaxarena.models.checkpoint import CheckpointError, Reader, fp8_spec, open_checkpoint
+from jaxarena.models.families.registry import SUPPORTED_FAMILIES, family_for
+from jaxarena.models.stack import ArenaLM
 from jaxarena.testing import count_traces
 
 __all__ = ["CausalLM", "CheckpointError", "load_pretrained", "SUPPORTED_FAMILIES"]
 
-SUPPORTED_FAMILIES = ("llama", "mistral", "qwen3", "mamba2", "nemotron_h")
-_FLOAT_DTYPES = ("BF16", "F16", "F32")
 _GUARD_BYTES = 64
-# Compiled steps by (model, step, argument types), shared across CausalLM instances.
+# Compiled steps by (model, step signature, weight / arena / cache types), shared across
+# CausalLM instances.
 _EXECUTABLES: dict[Any, tuple[Any, Any]] = {}
 _MAX_EXECUTABLES = 32
 
 
-# -- config -> architecture ------------------------------------------------------------------------
+def _abstract(tree: Any) -> tuple[Any, tuple[Any, ...]]:
+    """The abstract signature of a pytree of arrays: its structure and every leaf's type
+    (shape, dtype, weak type; `jax.typeof`)."""
+    leaves, treedef = jax.tree.flatten(tree)
+    return treedef, tuple(jax.typeof(x) for x in leaves)
 
 
-def _unsupported(path: Path, what: str) -> NotImplementedError:
-    return NotImplementedError(f"{path / 'config.json'}: {what}")
-
-
-def _rope_theta(raw: dict[str, Any], path: Path) -> float:
-    rp = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
-    kind = rp.get("rope_type", rp.get("type", "default")) if isinstance(rp, dict) else "default"
-    if kind != "default":
-        raise _unsupported(path, f"rope_type={kind!r}; only the default RoPE is implemented")
-    theta = (rp.get("rope_theta") if isinstance(rp, dict) else None) or raw.get("rope_theta")
-    return float(theta or 10000.0)
-
-
-def _arch(model_type: str, raw: dict[str, Any], cfg: ModelConfig, path: Path,
-          max_seq_len: int) -> Arch:  # fmt: skip
-    if model_type in ("llama", "mistral", "qwen3"):
-        if raw.get("hidden_act", "silu") != "silu":
-            raise _unsupported(path, f"hidden_act={raw['hidden_act']!r}; only silu is implemented")
-        for flag in ("attention_bias", "mlp_bias"):
-            if raw.get(flag):
-                raise _unsupported(path, f"{flag}=true; biased projections are not implemented")
-        window = raw.get("sliding_window")
-        if window and (model_type != "qwen3" or raw.get("use_sliding_window")) \
-                and window < max_seq_len:  # fmt: skip
-            raise _unsupported(path, f"sliding_window={window} < max_seq_len={max_seq_len}; "
-                               "sliding-window attention is not implemented")  # fmt: skip
-        kinds = set(cfg.layer_types) - {"full_attention"}
-        if kinds:
-            raise _unsupported(path, f"layer_types {sorted(kinds)}; only full_attention")
-        return Arch(blocks=("attention", "mlp") * cfg.num_hidden_layers, mlp="swiglu",
-                    rope=True, rope_theta=_rope_theta(raw, path), qk_norm=model_type == "qwen3",
-                    rms_eps=float(raw.get("rms_norm_eps", 1e-6)),
-                    tie_embeddings=cfg.tie_word_embeddings)  # fmt: skip
-    if model_type not in ("mamba2", "nemotron_h"):
-        raise _unsupported(path, f"model_type={model_type!r} is not supported; supported: "
-                           f"{', '.join(SUPPORTED_FAMILIES)}")  # fmt: skip
-    if cfg.conv_kernel != 4:
-        raise _unsupported(path, f"conv_kernel={cfg.conv_kernel}; only 4 is implemented")
-    if cfg.mamba_proj_bias:
-        raise _unsupported(path, "Mamba projection biases are not implemented")
-    if model_type == "mamba2":
-        if raw.get("hidden_act", "silu") != "silu":
-            raise _unsupported(path, f"hidden_act={raw['hidden_act']!r}; only silu")
-        blocks: tuple[str, ...] = ("mamba",) * cfg.num_hidden_layers
-    else:
-        act = raw.get("mlp_hidden_act", "relu2")
-        if act != "relu2":
-            raise _unsupported(path, f"mlp_hidden_act={act!r}; only relu2 is implemented")
-        names = {"mamba": "mamba", "full_attention": "attention", "attention": "attention",
-                 "mlp": "mlp"}  # fmt: skip
-        other = sorted(set(cfg.layer_types) - names.keys())
-        if other:
-            raise _unsupported(path, f"Nemotron-H blocks {other} (MoE) are not implemented")
-        blocks = tuple(names[k] for k in cfg.layer_types)
-    return Arch(blocks=blocks, mlp="relu2", rope=False,
-                rms_eps=float(raw.get("layer_norm_epsilon", 1e-5)),
-                tie_embeddings=cfg.tie_word_embeddings)  # fmt: skip
-
-
-@dataclasses.dataclass(frozen=True)
-class _FP8:
-    block: tuple[int, int]
-    skip: tuple[str, ...]
-
-    def quantized(self, module: str) -> bool:
-        # transformers' rule: a module is left unquantized when any listed key is a substring
-        # of its name; the LM head is never quantized.
-        return not any(k in module for k in self.skip) and module != "lm_head"
-
-
-def _fp8_spec(raw: dict[str, Any], path: Path) -> _FP8 | None:
-    q = raw.get("quantization_config")
-    if q is None:
-        return None
-    if not isinstance(q, dict) or q.get("quant_method") != "fp8":
-        method = q.get("quant_method") if isinstance(q, dict) else q
-        raise _unsupported(path, f"quantization_config quant_method={method!r}; only 'fp8'")
-    if q.get("fmt", "e4m3") != "e4m3" or q.get("activation_scheme", "dynamic") != "dynamic":
-        raise _unsupported(path, "FP8 checkpoints other than e4m3 weights with dynamic "
-                           "activation scales are not implemented")  # fmt: skip
-    block = q.get("weight_block_size")
-    if block != [128, 128]:
-        raise _unsupported(path, f"weight_block_size={block!r}; only [128, 128] (one scale per "
-                           "128 x 128 block) is implemented")  # fmt: skip
-    return _FP8(block=(128, 128), skip=tuple(q.get("modules_to_not_convert") or ()))
-
-
-# -- weights -----------------------------------------------------------------------------------------
-
-
-class _Reader:
-    """Takes tensors out of a checkpoint by name, checking presence, shape and dtype."""
-
-    def __init__(self, ckpt: Checkpoint, fp8: _FP8 | None) -> None:
-        self.ckpt, self.fp8 = ckpt, fp8
-        self.used: set[str] = set()
-
-    def _where(self, name: str) -> str:
-        return f"{self.ckpt.path}: tensor {name!r}"
-
-    def raw(self, name: str, shape: tuple[int, ...], dtypes: Sequence[str]) -> np.ndarray:
-        if name not in self.ckpt:
-            raise CheckpointError(f"{self._where(name)} is missing (expected shape "
-                                  f"{list(shape)} from config.json)")  # fmt: skip
-        got = self.ckpt.shape(name)
-        if got != tuple(shape):
-            raise CheckpointError(f"{self._where(name)} in {self.ckpt.file_of(name)} has shape "
-                                  f"{list(got)} but config.json implies {list(shape)}; the "
-                                  "config and the weights disagree")  # fmt: skip
-        dt = self.ckpt.dtype_name(name)
-        if dt not in dtypes:
-            raise CheckpointError(f"{self._where(name)} has dtype {dt}, expected "
-                                  f"{' or '.join(dtypes)}")  # fmt: skip
-        self.used.add(name)
-        return self.ckpt[name]
-
-    def vector(self, name: str, n: int) -> np.ndarray:
-        return np.array(self.raw(name, (n,), _FLOAT_DTYPES))
-
-    def matrix(self, name: str, rows: int, cols: int) -> np.ndarray:
-        return np.array(self.raw(name, (rows, cols), _FLOAT_DTYPES))
-
-    def linear(self, module: str, out: int, inp: int) -> Any:
-        """`[in, out]` float weight, or the FP8 dict `{"w": [out, in], "scale_inv"}`."""
-        name = module + ".weight"
-        if self.fp8 is not None and self.fp8.quantized(module):
-            bo, bi = self.fp8.block
-            w = self.raw(name, (out, inp), ("F8_E4M3",))
-            s = self.raw(module + ".weight_scale_inv", (-(-out // bo), -(-inp // bi)), ("F32",))
-            return {"w": np.array(w), "scale_inv": np.array(s)}
-        return np.ascontiguousarray(self.raw(name, (out, inp), _FLOAT_DTYPES).T)
-
-    def qkv(self, prefix: str, cfg: ModelConfig) -> Any:
-        h, hd = cfg.hidden_size, cfg.head_dim
-        parts = [self.linear(f"{prefix}.{n}_proj", heads * hd, h) for n, heads in
-                 (("q", cfg.num_attention_heads), ("k", cfg.num_key_value_heads),
-                  ("v", cfg.num_key_value_heads))]  # fmt: skip
-        if all(isinstance(p, np.ndarray) for p in parts):
-            return np.concatenate(parts, axis=1)  # one [hidden, (Hq + 2 Hkv) D] matmul
-        return tuple(parts)
-
-    def unused(self) -> list[str]:
-        return sorted(set(self.ckpt) - self.used)
-
-
-def _attention(r: _Reader, prefix: str, cfg: ModelConfig, norm: str, qk_norm: bool) -> dict:
-    hd = cfg.head_dim
-    p = {
-        "norm": r.vector(norm, cfg.hidden_size),
-        "wqkv": r.qkv(prefix, cfg),
-        "wo": r.linear(f"{prefix}.o_proj", cfg.hidden_size, cfg.num_attention_heads * hd),
-    }
-    if qk_norm:
-        p["q_norm"] = r.vector(f"{prefix}.q_norm.weight", hd)
-        p["k_norm"] = r.vector(f"{prefix}.k_norm.weight", hd)
-    return p
-
-
-def _mamba(r: _Reader, prefix: str, cfg: ModelConfig, norm: str) -> dict:
-    h, nh, d_in, d_xbc = (cfg.hidden_size, cfg.mamba_num_heads, cfg.mamba2_d_inner,
-                          cfg.mamba2_d_xbc)  # fmt: skip
-    conv = r.raw(f"{prefix}.conv1d.weight", (d_xbc, 1, 4), _FLOAT_DTYPES)
-    if cfg.mamba_conv_bias:
-        conv_b = r.vector(f"{prefix}.conv1d.bias", d_xbc)
-    else:
-        conv_b = np.zeros((d_xbc,), conv.dtype)
-    return {
-        "norm": r.vector(norm, h),
-        "in_proj": r.linear(f"{prefix}.in_proj", cfg.mamba2_in_proj_size, h),
-        "conv_w": np.ascontiguousarray(conv[:, 0, :].T),
-        "conv_b": conv_b,
-        "dt_bias": r.vector(f"{prefix}.dt_bias", nh),
-        "A_log": r.vector(f"{prefix}.A_log", nh),
-        "D": r.vector(f"{prefix}.D", nh),
-        "gate_norm": r.vector(f"{prefix}.norm.weight", d_in),
-        "out_proj": r.linear(f"{prefix}.out_proj", h, d_in),
-    }
-
-
-def _mlp(r: _Reader, prefix: str, cfg: ModelConfig, norm: str, gated: bool) -> dict:
-    h, inter = cfg.hidden_size, cfg.intermediate_size
-    p = {"norm": r.vector(norm, h)}
-    if gated:
-        p["w_gate"] = r.linear(f"{prefix}.gate_proj", inter, h)
-    p["w_up"] = r.linear(f"{prefix}.up_proj", inter, h)
-    p["w_down"] = r.linear(f"{prefix}.down_proj", h, inter)
-    return p
-
-
-def _read_params(r: _Reader, model_type: str, cfg: ModelConfig, arch: Arch) -> dict[str, Any]:
-    h, v = cfg.hidden_size, cfg.vocab_size
-    layers: list[dict] = []
-    if model_type in ("llama", "mistral", "qwen3"):
-        root = "model"
-        for i in range(cfg.num_hidden_layers):
-            pre = f"{root}.layers.{i}"
-            layers.append(_attention(r, f"{pre}.self_attn", cfg, f"{pre}.input_layernorm.weight",
-                                     arch.qk_norm))  # fmt: skip
-            layers.append(_mlp(r, f"{pre}.mlp", cfg, f"{pre}.post_attention_layernorm.weight",
-                               gated=True))  # fmt: skip
-        embed, final = f"{root}.embed_tokens.weight", f"{root}.norm.weight"
-    else:
-        for i, kind in enumerate(arch.blocks):
-            pre = f"backbone.layers.{i}"
-            norm = f"{pre}.norm.weight"
-            if kind == "mamba":
-                layers.append(_mamba(r, f"{pre}.mixer", cfg, norm))
-            elif kind == "attention":
-                layers.append(_attention(r, f"{pre}.mixer", cfg, norm, False))
-            else:
-                layers.append(_mlp(r, f"{pre}.mixer", cfg, norm, gated=False))
-        embed, final = "backbone.embeddings.weight", "backbone.norm_f.weight"
-    params: dict[str, Any] = {"embed": r.matrix(embed, v, h), "layers": layers,
-                              "final_norm": r.vector(final, h)}  # fmt: skip
-    if arch.tie_embeddings:
-        if "lm_head.weight" in r.ckpt:  # some exports store the tied copy as well
-            r.matrix("lm_head.weight", v, h)
-    else:
-        params["lm_head"] = np.ascontiguousarray(r.matrix("lm_head.weight", v, h).T)
-    return params
+def _callable_key(fn: Any) -> Any:
+    """A hashable key of a step function and the static arguments bound to it: a
+    `functools.partial` by its function, arguments and keywords (two equal partials are one
+    key), a bound method by its function and (equal) instance."""
+    if isinstance(fn, functools.partial):
+        return (_callable_key(fn.func), fn.args, tuple(sorted(fn.keywords.items())))
+    if hasattr(fn, "__func__") and hasattr(fn, "__self__"):
+        return (fn.__func__, fn.__self__)
+    return fn
 
 
 # -- the loaded model --------------------------------------------------------------------------------
@@ -285,7 +79,7 @@ class CausalLM:
 
     Attributes:
       model: the `ArenaLM` (config, architecture, arena plan, serve limits).
-      params: the weights on the device (see `jaxarena.models.arena_lm`).
+      params: the weights on the device (see `jaxarena.models.stack` and the blocks).
       path, model_type: where the checkpoint came from and its family.
       fp8: whether the checkpoint's linear weights are FP8 block-quantized.
       arena_pointer: the device address of the arena buffer at load time.
@@ -340,8 +134,8 @@ class CausalLM:
         Raises:
           KeyError: the step has not run (compiled) yet.
         """
-        for (k, _), (compiled, _) in self._compiled.items():
-            if k == kind:
+        for key, (compiled, _) in self._compiled.items():
+            if key[0] == kind:
                 m = compiled.memory_analysis()
                 return {"argument": m.argument_size_in_bytes, "output": m.output_size_in_bytes,
                         "alias": m.alias_size_in_bytes, "temp": m.temp_size_in_bytes}  # fmt: skip
@@ -351,17 +145,17 @@ class CausalLM:
 
     def _run(self, kind: str, fn: Any, *args: Any) -> Any:
         """Runs `fn(params, arena, caches, *args)` jitted with arena and caches donated,
-        compiling once per argument shape; keeps the returned arena and caches.
+        compiling once per abstract signature (`kind`, `fn` with its bound static arguments,
+        and every argument's pytree structure, shape, dtype and weak type); keeps the returned
+        arena and caches.
 
-        Executables are shared by every `CausalLM` of an equal model with equal argument
-        types in the process (`_EXECUTABLES`), so loading the same checkpoint at the same
-        limits again does not compile again."""
-        key = (kind, tuple(a.shape for a in args))
+        Executables are shared by every `CausalLM` of an equal model with an equal signature
+        (the weights' and caches' included) in the process (`_EXECUTABLES`), so loading the
+        same checkpoint at the same limits again does not compile again."""
+        key = (kind, _callable_key(fn), _abstract(args))
         if key not in self._compiled:
             t0 = time.perf_counter()
-            leaves = jax.tree.leaves((self.params, self.arena, self.caches, args))
-            shared = (self.model, kind, jax.tree.structure((self.params, self.caches)),
-                      tuple((x.shape, str(x.dtype)) for x in leaves))  # fmt: skip
+            shared = (self.model, key, _abstract((self.params, self.arena, self.caches)))
             if shared not in _EXECUTABLES:
                 counter = count_traces(fn)
                 jitted = jax.jit(counter, donate_argnums=(1, 2))
@@ -536,13 +330,11 @@ def load_pretrained(
     root = ckpt.path
     raw = ckpt.config
     model_type = raw.get("model_type")
-    if model_type not in SUPPORTED_FAMILIES:
-        raise _unsupported(root, f"model_type={model_type!r} is not supported; supported: "
-                           f"{', '.join(SUPPORTED_FAMILIES)}")  # fmt: skip
+    family = family_for(model_type, root)
     cfg = ModelConfig.from_hf(root / "config.json")
-    arch = _arch(model_type, raw, cfg, root, max_seq_len)
-    reader = _Reader(ckpt, _fp8_spec(raw, root))
-    host = _read_params(reader, model_type, cfg, arch)
+    arch = family.arch(model_type, raw, cfg, root, max_seq_len)
+    reader = Reader(ckpt, fp8_spec(raw, root))
+    host = family.read_params(reader, cfg, arch)
     extra = reader.unused()
     if extra:
         raise CheckpointError(f"{root}: {len(extra)} tensor(s) the {model_type} layout does not "

@@ -22,10 +22,11 @@ arithmetic is float32.
 `prefill` and `decode_step` are pure; jit them with the arena and the caches donated
 (`jax.jit(model.prefill, donate_argnums=(1, 2))`), so every step runs in the same device buffers.
 
-The blocks are those of `jaxarena.models.arena_lm.ArenaLM`, the one implementation the
-HuggingFace checkpoints (`load_pretrained`) run on as well: `HybridModel` only chooses its
-architecture (`hybrid_arch`: relu^2 MLPs on FP8 activations, RoPE attention) and its random
-weights (`init_params`).
+The blocks are those of `jaxarena.models.blocks` on the decoder `jaxarena.models.stack.ArenaLM`,
+the one implementation the HuggingFace checkpoints (`load_pretrained`) run on as well:
+`HybridModel` only chooses its blocks (`hybrid_arch`: relu^2 MLPs on FP8 activations, RoPE
+attention, Mamba-2) and draws their random weights (`init_params`, each block's own
+`init_params`).
 """
 
 from __future__ import annotations
@@ -40,113 +41,75 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxarena import ArenaPlan, BufferSizes, Levers, ModelConfig, ServeLimits, Target
-from jaxarena.models.arena_lm import FFN_QUANT_REGIONS, Arch, ArenaLM
+from jaxarena.models.blocks import LAYER_TYPES, MLP, Attention, Block, Mamba2
+from jaxarena.models.stack import Arch, ArenaLM
 
-__all__ = [
-    "HybridModel",
-    "hybrid_arch",
-    "init_params",
-    "init_caches",
-    "ATTENTION",
-    "MAMBA",
-    "MLP",
-    "FFN_QUANT_REGIONS",
-]
+__all__ = ["HybridModel", "hybrid_arch", "init_params", "init_caches", "default_block_tables"]
 
-ATTENTION = frozenset({"full_attention", "sliding_attention", "attention"})
-MAMBA = frozenset({"mamba"})
-MLP = frozenset({"mlp"})
-BF16 = jnp.bfloat16
 F32 = jnp.float32
-CONV_KERNEL = 4
 RMS_EPS = 1e-5
 ROPE_THETA = 10000.0
+# The block kinds of the layer types this reference runs: the shared vocabulary
+# (`blocks.LAYER_TYPES`), and sliding-window layers run as full attention.
+_KINDS = {**LAYER_TYPES, "sliding_attention": "attention"}
+_BLOCKS: dict[str, Block] = {
+    "attention": Attention(rope=True, rope_theta=ROPE_THETA, qk_norm=False, rms_eps=RMS_EPS),
+    "mamba": Mamba2(rms_eps=RMS_EPS),
+    "mlp": MLP(act="relu2", fp8_acts=True),
+}
 
 
-def _kind(layer_type: str) -> str:
-    if layer_type in ATTENTION:
-        return "attention"
-    if layer_type in MAMBA:
-        return "mamba"
-    if layer_type in MLP:
-        return "mlp"
-    raise NotImplementedError(
-        f"the reference hybrid model has no {layer_type!r} layers (attention, mamba, mlp only)"
-    )
+def _blocks(config: ModelConfig) -> tuple[Block, ...]:
+    bad = [lt for lt in config.layer_types if lt not in _KINDS]
+    if bad:
+        raise NotImplementedError(f"the reference hybrid model has no {bad[0]!r} layers "
+                                  "(attention, mamba, mlp only)")  # fmt: skip
+    return tuple(_BLOCKS[_KINDS[lt]] for lt in config.layer_types)
+
+
+def hybrid_arch(config: ModelConfig) -> Arch:
+    """The reference hybrid's architecture for `config`: one block per layer type (`Mamba2`,
+    `Attention` with RoPE, relu^2 `MLP` whose projections multiply FP8-quantized activations),
+    RMSNorm eps 1e-5, an untied LM head.
+
+    Raises:
+      NotImplementedError: a layer type other than attention, mamba and mlp, or experts.
+    """
+    blocks = _blocks(config)
+    if config.num_experts:
+        raise NotImplementedError("the reference hybrid model has no MoE layers")
+    return Arch(blocks=blocks, rms_eps=RMS_EPS, tie_embeddings=False)
 
 
 def init_params(config: ModelConfig, seed: int = 0) -> dict[str, Any]:
-    """Random weights for `config` from `seed` (float32; scaled to keep activations O(1))."""
+    """Random weights for `config` from `seed` (float32; scaled to keep activations O(1)):
+    per block a pre-norm weight near 1 and the block's own `init_params`."""
     h, v = config.hidden_size, config.vocab_size
     keys = iter(jax.random.split(jax.random.key(seed), 8 * len(config.layer_types) + 4))
-
-    def dense(fan_in: int, fan_out: int) -> jax.Array:
-        return jax.random.normal(next(keys), (fan_in, fan_out), F32) / math.sqrt(fan_in)
-
     layers = []
-    for lt in config.layer_types:
-        kind = _kind(lt)
+    for block in _blocks(config):
         p: dict[str, jax.Array] = {"norm": 1.0 + 0.1 * jax.random.normal(next(keys), (h,), F32)}
-        if kind == "attention":
-            hq, hkv, hd = config.num_attention_heads, config.num_key_value_heads, config.head_dim
-            p["wqkv"] = dense(h, (hq + 2 * hkv) * hd)
-            p["wo"] = dense(hq * hd, h)
-        elif kind == "mamba":
-            nh, d_in, d_xbc = config.mamba_num_heads, config.mamba2_d_inner, config.mamba2_d_xbc
-            p["in_proj"] = dense(h, config.mamba2_in_proj_size)
-            p["conv_w"] = jax.random.normal(next(keys), (CONV_KERNEL, d_xbc), F32) * 0.5
-            p["conv_b"] = jax.random.normal(next(keys), (d_xbc,), F32) * 0.1
-            p["dt_bias"] = jax.random.uniform(next(keys), (nh,), F32, -3.0, -1.0)
-            p["A_log"] = jnp.log(jax.random.uniform(next(keys), (nh,), F32, 1.0, 8.0))
-            p["D"] = jnp.ones((nh,), F32)
-            p["gate_norm"] = jnp.ones((d_in,), F32)
-            p["out_proj"] = dense(d_in, h)
-        else:
-            p["w_up"] = dense(h, config.intermediate_size)
-            p["w_down"] = dense(config.intermediate_size, h) * 0.5
+        p.update(block.init_params(config, keys))
         layers.append(p)
     return {
         "embed": jax.random.normal(next(keys), (v, h), F32),
         "layers": layers,
         "final_norm": jnp.ones((h,), F32),
-        "lm_head": dense(h, v),
+        "lm_head": jax.random.normal(next(keys), (h, v), F32) / math.sqrt(h),
     }
 
 
 def init_caches(
     config: ModelConfig, *, num_blocks: int, block_size: int, max_batch_size: int
 ) -> dict[str, Any]:
-    """Zeroed decode caches: a paged bf16 KV cache per attention layer
-    (`[num_blocks, block_size, Hkv, D]`), and per Mamba layer the f32 SSM state
-    (`[max_batch_size, H, P, N]`) and the conv window (`[max_batch_size, 3, d_xbc]`)."""
-    kv, ssm = [], []
-    for lt in config.layer_types:
-        kind = _kind(lt)
-        if kind == "attention":
-            shape = (num_blocks, block_size, config.num_key_value_heads, config.head_dim)
-            kv.append({"k": jnp.zeros(shape, BF16), "v": jnp.zeros(shape, BF16)})
-        elif kind == "mamba":
-            ssm.append({
-                "state": jnp.zeros((max_batch_size, config.mamba_num_heads,
-                                    config.mamba_head_dim, config.ssm_state_size), F32),
-                "conv": jnp.zeros((max_batch_size, CONV_KERNEL - 1, config.mamba2_d_xbc), F32),
-            })  # fmt: skip
-    return {"kv": kv, "ssm": ssm}
-
-
-def hybrid_arch(config: ModelConfig) -> Arch:
-    """The reference hybrid's architecture for `config`: one block per layer type (mamba,
-    attention with RoPE, relu^2 MLP whose projections multiply FP8-quantized activations),
-    RMSNorm eps 1e-5, an untied LM head.
-
-    Raises:
-      NotImplementedError: a layer type other than attention, mamba and mlp, or experts.
-    """
-    blocks = tuple(_kind(lt) for lt in config.layer_types)
-    if config.num_experts:
-        raise NotImplementedError("the reference hybrid model has no MoE layers")
-    return Arch(blocks=blocks, mlp="relu2", rope=True, rope_theta=ROPE_THETA, qk_norm=False,
-                rms_eps=RMS_EPS, tie_embeddings=False, fp8_mlp_acts=True)  # fmt: skip
+    """Zeroed decode caches, one entry per layer (`Arch.init_caches`, keyed by
+    `Arch.cache_keys`): a paged bf16 KV cache per attention layer
+    (`[num_blocks, block_size, Hkv, D]`), per Mamba layer the f32 SSM state
+    (`[max_batch_size, H, P, N]`) and the conv window (`[max_batch_size, 3, d_xbc]`), None
+    per MLP layer."""
+    arch = Arch(blocks=_blocks(config), rms_eps=RMS_EPS)
+    return arch.init_caches(config, num_blocks=num_blocks, kv_block_size=block_size,
+                            rows=max_batch_size)  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -192,8 +155,12 @@ class HybridModel(ArenaLM):
         target = target or Target.preset("gb10")
         levers = levers or Levers()
         if plan is None:
-            limits = ServeLimits(max_batch_tokens=max_batch_tokens, max_seq_len=max_seq_len,
-                                 kv_block_size=kv_block_size, max_batch_size=max_batch_size)
+            limits = ServeLimits(
+                max_batch_tokens=max_batch_tokens,
+                max_seq_len=max_seq_len,
+                kv_block_size=kv_block_size,
+                max_batch_size=max_batch_size,
+            )
             sizes = BufferSizes.from_config(config, limits, levers=levers, target=target)
             plan = ArenaPlan.sequential(sizes, guard_bytes=guard_bytes)
         return cls(config=config, arch=arch, plan=plan, max_batch_tokens=max_batch_tokens,

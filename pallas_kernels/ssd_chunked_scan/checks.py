@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
 
-from jaxarena._arena.bytes import ROW_BYTES
+from jaxarena._units import ROW_BYTES
 from jaxarena.workspaces import SSD_CHUNK, ssd_chunk_slot_bytes, ssd_scratch_layout
 from pallas_kernels._args import array_shape as _shape_of
 from pallas_kernels._args import check_finite as _check_finite

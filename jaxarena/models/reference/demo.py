@@ -12,7 +12,12 @@ import numpy as np
 
 from jaxarena import ModelConfig
 from jaxarena._units import format_bytes
-from jaxarena.models.hybrid import HybridModel, default_block_tables, init_caches, init_params
+from jaxarena.models.reference.hybrid import (
+    HybridModel,
+    default_block_tables,
+    init_caches,
+    init_params,
+)
 from jaxarena.testing import count_traces, memory_footprint
 
 __all__ = ["run_demo"]

@@ -1,0 +1,116 @@
+"""What a block is: the interface every residual mixer implements, the static environment it
+runs against (`Env`) and the per-step context it reads (`StepContext`).
+
+A block is a frozen (hashable) dataclass holding only its family-specific choices (RoPE or
+not, the MLP activation, ...). Its methods are pure functions of `(params, arena, cache,
+ctx)`: the decoder (`jaxarena.models.stack`) does the pre-norm into `norm_output` and the
+residual add; the block reads `norm_output` from the arena and returns its output rows. So
+a block can run under `lax.scan` over stacked parameters (the arena and its cache as carry)
+and its attention can read whatever `StepContext` carries (block tables, sequence lengths).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterator
+from typing import Any, ClassVar, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from jaxarena import ArenaPlan, Levers, ModelConfig, Target
+
+__all__ = ["Block", "Env", "StepContext", "dense_init"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Env:
+    """What every block of one model runs against (static, hashable).
+
+    Attributes:
+      config: the model dimensions.
+      plan: the arena layout.
+      kv_block_size: tokens per page of the paged KV cache.
+      target, levers: the split-K decode policy (the plan's workspace was sized with them).
+      interpret: Pallas interpret mode (None: on CPU).
+    """
+
+    config: ModelConfig
+    plan: ArenaPlan
+    kv_block_size: int
+    target: Target
+    levers: Levers
+    interpret: bool | None = None
+
+
+class StepContext(NamedTuple):
+    """The per-step arrays every block may read (a pytree; `None` fields are absent).
+
+    Attributes:
+      positions: `int32[T]`, each token's position in its sequence.
+      seq_ids: `int32[T]`, each token's sequence (its cache row and block-table row).
+      block_tables: `int32[S, max_blocks_per_seq]`, the KV pages of each sequence.
+      cu_seqlens: prefill only: `int32[S + 1]`, sequence `s` is tokens
+        `cu_seqlens[s]:cu_seqlens[s + 1]` (packed prompts).
+      seq_lens: decode only: `int32[B]`, each sequence's length after this token.
+    """
+
+    positions: jax.Array
+    seq_ids: jax.Array
+    block_tables: jax.Array
+    cu_seqlens: jax.Array | None = None
+    seq_lens: jax.Array | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        """T, the rows of this step (static)."""
+        return self.positions.shape[0]
+
+
+class Block:
+    """A residual mixer: `x += mixer(rmsnorm(x))`. Subclasses are frozen dataclasses that set
+    `kind` (their name in `jaxarena.models.blocks.registry.BLOCKS`) and implement:
+
+    - `init_params(config, keys)`: random weights (the reference hybrid), drawing keys from
+      the iterator `keys` in a fixed order;
+    - `read_params(reader, config, prefix, norm)`: the weights of a HuggingFace checkpoint,
+      the mixer's tensors under `prefix` and the pre-norm weight named `norm`;
+    - `init_cache(config, *, num_blocks, kv_block_size, rows)`: its zeroed decode cache (None
+      when it keeps none);
+    - `prefill(env, params, arena, cache, ctx)` and `decode(...)`: read `norm_output`
+      (`[T, hidden]`) from the arena, return `(arena, cache, out float32[T, hidden])`.
+
+    Every parameter dict also holds `"norm"`, the pre-norm weight the decoder applies.
+    """
+
+    kind: ClassVar[str] = ""
+
+    def init_params(self, config: ModelConfig, keys: Iterator[jax.Array]) -> dict[str, Any]:
+        """Random float32 weights of this mixer (without the pre-norm)."""
+        raise NotImplementedError(f"{type(self).__name__} has no random initialisation")
+
+    def read_params(self, reader: Any, config: ModelConfig, prefix: str,
+                    norm: str) -> dict[str, Any]:  # fmt: skip
+        """This mixer's weights (and its pre-norm's, `"norm"`) from a checkpoint reader."""
+        raise NotImplementedError(f"{type(self).__name__} cannot read checkpoints")
+
+    def init_cache(self, config: ModelConfig, *, num_blocks: int, kv_block_size: int,
+                   rows: int) -> Any:  # fmt: skip
+        """The zeroed decode cache of this block; None when it keeps none."""
+        return None
+
+    def prefill(self, env: Env, params: dict[str, Any], arena: jax.Array, cache: Any,
+                ctx: StepContext) -> tuple[jax.Array, Any, jax.Array]:  # fmt: skip
+        """The packed prompts' pass; returns `(arena, cache, out float32[T, hidden])`."""
+        raise NotImplementedError
+
+    def decode(self, env: Env, params: dict[str, Any], arena: jax.Array, cache: Any,
+               ctx: StepContext) -> tuple[jax.Array, Any, jax.Array]:  # fmt: skip
+        """One new token per sequence; returns `(arena, cache, out float32[B, hidden])`."""
+        raise NotImplementedError
+
+
+def dense_init(keys: Iterator[jax.Array], fan_in: int, fan_out: int) -> jax.Array:
+    """A random `float32[fan_in, fan_out]` weight, N(0, 1/fan_in), from the next key."""
+    return jax.random.normal(next(keys), (fan_in, fan_out), jnp.float32) / math.sqrt(fan_in)

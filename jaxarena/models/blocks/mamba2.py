@@ -1,0 +1,190 @@
+"""The Mamba-2 mixer: in_proj -> causal depthwise conv1d (kernel 4) -> SSD scan (prefill: the
+`ssd_chunked_scan` Pallas kernel with its scratch in `ssd_scratch`; decode: the one-step
+`ssd_state_update` kernel) -> gate with silu(z) -> grouped RMSNorm -> out_proj.
+Arena regions: `ssm_qkvz` (in_proj output), `ssm_deinterleaved` (conv output), `attn_output`
+(gated, normalised y), the FP8 activation buffers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxarena import ModelConfig, workspaces
+from jaxarena.models.blocks.base import Block, Env, StepContext, dense_init
+from jaxarena.models.checkpoint import FLOAT_DTYPES
+from jaxarena.models.core.arena import BF16, F32, get, linear, put
+from jaxarena.models.core.norms import rms_norm
+from pallas_kernels import ssd_chunked_scan_into, ssd_state_update
+
+__all__ = ["Mamba2", "CONV_KERNEL"]
+
+CONV_KERNEL = 4
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Mamba2(Block):
+    """A Mamba-2 mixer (see the module docstring).
+
+    Attributes:
+      rms_eps: epsilon of the grouped gate RMSNorm.
+
+    Parameters: `in_proj` (`[hidden, in_proj_size]`), `conv_w` (`[4, d_xbc]`), `conv_b`
+    (`[d_xbc]`), `dt_bias`, `A_log`, `D` (`[H]`), `gate_norm` (`[d_inner]`), `out_proj`
+    (`[d_inner, hidden]`). Cache: `state` `float32[rows, H, P, N]` and `conv`
+    `float32[rows, 3, d_xbc]` (the last three pre-conv inputs); sequence `s` uses row `s`.
+    """
+
+    kind: ClassVar[str] = "mamba"
+    rms_eps: float = 1e-5
+
+    def init_params(self, config: ModelConfig, keys: Iterator[jax.Array]) -> dict[str, Any]:
+        """Random weights: A in [1, 8], softplus(dt_bias) small, D = 1, unit gate norm."""
+        nh, d_in, d_xbc = config.mamba_num_heads, config.mamba2_d_inner, config.mamba2_d_xbc
+        p = {"in_proj": dense_init(keys, config.hidden_size, config.mamba2_in_proj_size)}
+        p["conv_w"] = jax.random.normal(next(keys), (CONV_KERNEL, d_xbc), F32) * 0.5
+        p["conv_b"] = jax.random.normal(next(keys), (d_xbc,), F32) * 0.1
+        p["dt_bias"] = jax.random.uniform(next(keys), (nh,), F32, -3.0, -1.0)
+        p["A_log"] = jnp.log(jax.random.uniform(next(keys), (nh,), F32, 1.0, 8.0))
+        p["D"] = jnp.ones((nh,), F32)
+        p["gate_norm"] = jnp.ones((d_in,), F32)
+        p["out_proj"] = dense_init(keys, d_in, config.hidden_size)
+        return p
+
+    def read_params(self, reader: Any, config: ModelConfig, prefix: str,
+                    norm: str) -> dict[str, Any]:  # fmt: skip
+        """`{prefix}.{in_proj,conv1d,dt_bias,A_log,D,norm,out_proj}` (transformers' names)."""
+        h, nh, d_in, d_xbc = (config.hidden_size, config.mamba_num_heads,
+                              config.mamba2_d_inner, config.mamba2_d_xbc)  # fmt: skip
+        conv = reader.raw(f"{prefix}.conv1d.weight", (d_xbc, 1, CONV_KERNEL), FLOAT_DTYPES)
+        if config.mamba_conv_bias:
+            conv_b = reader.vector(f"{prefix}.conv1d.bias", d_xbc)
+        else:
+            conv_b = np.zeros((d_xbc,), conv.dtype)
+        return {
+            "norm": reader.vector(norm, h),
+            "in_proj": reader.linear(f"{prefix}.in_proj", config.mamba2_in_proj_size, h),
+            "conv_w": np.ascontiguousarray(conv[:, 0, :].T),
+            "conv_b": conv_b,
+            "dt_bias": reader.vector(f"{prefix}.dt_bias", nh),
+            "A_log": reader.vector(f"{prefix}.A_log", nh),
+            "D": reader.vector(f"{prefix}.D", nh),
+            "gate_norm": reader.vector(f"{prefix}.norm.weight", d_in),
+            "out_proj": reader.linear(f"{prefix}.out_proj", h, d_in),
+        }
+
+    def init_cache(self, config: ModelConfig, *, num_blocks: int, kv_block_size: int,
+                   rows: int) -> dict[str, jax.Array]:  # fmt: skip
+        """Zeroed `state` (`float32[rows, H, P, N]`) and `conv` (`float32[rows, 3, d_xbc]`)."""
+        c = config
+        return {
+            "state": jnp.zeros(
+                (rows, c.mamba_num_heads, c.mamba_head_dim, c.ssm_state_size), F32
+            ),  # fmt: skip
+            "conv": jnp.zeros((rows, CONV_KERNEL - 1, c.mamba2_d_xbc), F32),
+        }
+
+    # -- pieces ------------------------------------------------------------------------------
+
+    def _in(self, env: Env, p, arena, t: int):
+        c = env.config
+        arena, zx = linear(env.plan, arena, "norm_output", (t, c.hidden_size), p["in_proj"],
+                           workspaces.FP8_ACT_REGIONS, interpret=env.interpret)  # fmt: skip
+        return put(env.plan, arena, "ssm_qkvz", zx)
+
+    def _zxbcdt(self, env: Env, arena, t: int):
+        """The in_proj output in `ssm_qkvz`, split into z, xBC and dt."""
+        c = env.config
+        zx = get(env.plan, arena, "ssm_qkvz", (t, c.mamba2_in_proj_size))
+        d_in, d_xbc = c.mamba2_d_inner, c.mamba2_d_xbc
+        return zx[:, :d_in], zx[:, d_in : d_in + d_xbc], zx[:, d_in + d_xbc :]
+
+    def _split_xbc(self, env: Env, xbc):
+        c = env.config
+        t = xbc.shape[0]
+        d_in, gn = c.mamba2_d_inner, c.n_groups * c.ssm_state_size
+        x = xbc[:, :d_in].reshape(t, c.mamba_num_heads, c.mamba_head_dim)
+        b = xbc[:, d_in : d_in + gn].reshape(t, c.n_groups, c.ssm_state_size)
+        cc = xbc[:, d_in + gn :].reshape(t, c.n_groups, c.ssm_state_size)
+        return x, b, cc
+
+    def _out(self, env: Env, p, arena, y, t: int):
+        """Gate y with silu(z), grouped RMSNorm, `attn_output`, out_proj."""
+        c = env.config
+        z, _, _ = self._zxbcdt(env, arena, t)
+        y = y.reshape(t, c.mamba2_d_inner) * jax.nn.silu(z)
+        g = c.n_groups
+        y = rms_norm(y.reshape(t, g, -1), p["gate_norm"].reshape(g, -1), self.rms_eps)
+        arena = put(env.plan, arena, "attn_output", y.reshape(t, -1))
+        return linear(env.plan, arena, "attn_output", (t, c.mamba2_d_inner), p["out_proj"],
+                      workspaces.FP8_ACT_REGIONS, interpret=env.interpret)  # fmt: skip
+
+    # -- steps -------------------------------------------------------------------------------
+
+    def prefill(self, env: Env, params, arena, cache, ctx: StepContext):
+        """Conv and chunked SSD scan within each packed sequence; rows `0..S-1` of the cache
+        get each sequence's final state and conv window."""
+        c, p, t = env.config, params, ctx.num_tokens
+        cu, seq = ctx.cu_seqlens, ctx.seq_ids
+        s = cu.shape[0] - 1
+        idx = jnp.arange(t, dtype=jnp.int32)
+        arena = self._in(env, p, arena, t)
+        _, xbc_in, _ = self._zxbcdt(env, arena, t)
+        # Causal depthwise conv within each sequence: tap j reads token t - j.
+        conv = p["conv_b"] + xbc_in * p["conv_w"][CONV_KERNEL - 1]
+        for j in range(1, CONV_KERNEL):
+            prev = jnp.roll(xbc_in, j, axis=0)
+            same = (idx >= j) & (jnp.roll(seq, j) == seq)
+            conv = conv + jnp.where(same[:, None], prev, 0.0) * p["conv_w"][CONV_KERNEL - 1 - j]
+        # The conv window decode starts from: the last 3 pre-conv inputs of each sequence
+        # (zeros before its start).
+        win = []
+        for j in range(CONV_KERNEL - 1, 0, -1):
+            pos = cu[1:] - j
+            ok = pos >= cu[:-1]
+            win.append(jnp.where(ok[:, None], xbc_in[jnp.maximum(pos, 0)], 0.0))
+        conv_cache = cache["conv"].at[:s].set(jnp.stack(win, 1))
+        conv_cache, arena = jax.lax.optimization_barrier((conv_cache, arena))
+        arena = put(env.plan, arena, "ssm_deinterleaved", jax.nn.silu(conv))
+        xbc = get(env.plan, arena, "ssm_deinterleaved", (t, c.mamba2_d_xbc))
+        x, b, cc = self._split_xbc(env, xbc)
+        _, _, dt = self._zxbcdt(env, arena, t)
+        arena, y, final = ssd_chunked_scan_into(
+            arena, env.plan, x.astype(BF16), dt, -jnp.exp(p["A_log"].astype(F32)), b, cc,
+            D=p["D"].astype(F32), dt_bias=p["dt_bias"].astype(F32), dt_softplus=True,
+            cu_seqlens=cu, interpret=env.interpret,
+        )  # fmt: skip
+        cache = {"state": cache["state"].at[:s].set(final), "conv": conv_cache}
+        cache, arena = jax.lax.optimization_barrier((cache, arena))
+        arena, out = self._out(env, p, arena, y.astype(F32), t)
+        return arena, cache, out
+
+    def decode(self, env: Env, params, arena, cache, ctx: StepContext):
+        """One conv tap and one SSD state update per sequence (cache rows `0..B-1`)."""
+        c, p, bsz = env.config, params, ctx.num_tokens
+        arena = self._in(env, p, arena, bsz)
+        _, xbc_in, _ = self._zxbcdt(env, arena, bsz)
+        window = jnp.concatenate([cache["conv"][:bsz], xbc_in[:, None, :]], axis=1)
+        conv = p["conv_b"] + jnp.einsum("bkd,kd->bd", window, p["conv_w"].astype(F32))
+        conv_cache = cache["conv"].at[:bsz].set(window[:, 1:])
+        conv_cache, arena = jax.lax.optimization_barrier((conv_cache, arena))
+        arena = put(env.plan, arena, "ssm_deinterleaved", jax.nn.silu(conv))
+        x, b, cc = self._split_xbc(env, get(env.plan, arena, "ssm_deinterleaved",
+                                            (bsz, c.mamba2_d_xbc)))  # fmt: skip
+        _, _, dt = self._zxbcdt(env, arena, bsz)
+        # The decode-step kernel updates rows 0..bsz-1 of the (donated) state cache in place,
+        # B and C per group, softplus(dt + dt_bias) as in the prefill scan.
+        y, state = ssd_state_update(
+            cache["state"], x, dt, -jnp.exp(p["A_log"].astype(F32)), b, cc,
+            D=p["D"].astype(F32), dt_bias=p["dt_bias"].astype(F32), dt_softplus=True,
+            interpret=env.interpret,
+        )  # fmt: skip
+        cache = {"state": state, "conv": conv_cache}
+        cache, arena = jax.lax.optimization_barrier((cache, arena))
+        arena, out = self._out(env, p, arena, y.astype(BF16).astype(F32), bsz)
+        return arena, cache, out

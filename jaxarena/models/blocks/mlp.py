@@ -1,0 +1,108 @@
+"""The dense MLP: `relu2` (`down(relu(up x)^2)`, Nemotron-H) or `swiglu`
+(`down(silu(gate x) * up x)`, Llama / Qwen3; a Llama decoder layer is two blocks, attention
+then MLP). Arena regions: `expert_gate_out`, `expert_up_out`, `moe_output`, and the FP8
+activation buffers (`fp8_act*` for K = hidden, `ffn_act_*` for K = intermediate).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+
+from jaxarena import ModelConfig, workspaces
+from jaxarena.models.blocks.base import Block, Env, StepContext, dense_init
+from jaxarena.models.core.arena import get, linear, put
+
+__all__ = ["MLP", "FFN_QUANT_REGIONS", "MLP_ACTS"]
+
+MLP_ACTS = ("relu2", "swiglu")
+# The FFN down projection quantizes into the dense-FFN activation buffers (when its K, the
+# intermediate size, is a multiple of 128; see `workspaces.ffn_fp8_uses_seed_regions`).
+FFN_QUANT_REGIONS = ("ffn_act_a", "ffn_act_scale", "ffn_act_scale_kmajor")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MLP(Block):
+    """A dense MLP block (see the module docstring); no cache.
+
+    Attributes:
+      act: `"relu2"` or `"swiglu"`.
+      fp8_acts: the projections multiply FP8-quantized activations even when their weights
+        are float (the reference hybrid model's choice).
+
+    Parameters: `w_up` (`[hidden, inter]`), `w_down` (`[inter, hidden]`) and with `swiglu`
+    `w_gate` (`[hidden, inter]`); float or FP8 (`jaxarena.models.core.arena`).
+    """
+
+    kind: ClassVar[str] = "mlp"
+    act: str = "relu2"
+    fp8_acts: bool = False
+
+    def __post_init__(self) -> None:
+        if self.act not in MLP_ACTS:
+            raise ValueError(f"MLP.act={self.act!r} must be one of {MLP_ACTS}")
+
+    def init_params(self, config: ModelConfig, keys: Iterator[jax.Array]) -> dict[str, Any]:
+        """Random projections (the down projection scaled by 0.5)."""
+        h, inter = config.hidden_size, config.intermediate_size
+        p = {}
+        if self.act == "swiglu":
+            p["w_gate"] = dense_init(keys, h, inter)
+        p["w_up"] = dense_init(keys, h, inter)
+        p["w_down"] = dense_init(keys, inter, h) * 0.5
+        return p
+
+    def read_params(self, reader: Any, config: ModelConfig, prefix: str,
+                    norm: str) -> dict[str, Any]:  # fmt: skip
+        """`{prefix}.{gate,up,down}_proj` (no gate with `relu2`)."""
+        h, inter = config.hidden_size, config.intermediate_size
+        p = {"norm": reader.vector(norm, h)}
+        if self.act == "swiglu":
+            p["w_gate"] = reader.linear(f"{prefix}.gate_proj", inter, h)
+        p["w_up"] = reader.linear(f"{prefix}.up_proj", inter, h)
+        p["w_down"] = reader.linear(f"{prefix}.down_proj", h, inter)
+        return p
+
+    def _forward(self, env: Env, p, arena, t: int):
+        """norm_output -> up (and gate) -> activation -> down -> `moe_output`."""
+        c, plan, it = env.config, env.plan, env.interpret
+        h, inter = c.hidden_size, c.intermediate_size
+        quant = self.fp8_acts
+        act_regions = workspaces.FP8_ACT_REGIONS
+        if self.act == "swiglu":
+            arena, g = linear(plan, arena, "norm_output", (t, h), p["w_gate"], act_regions,
+                              quant=quant, interpret=it)  # fmt: skip
+            arena = put(plan, arena, "expert_gate_out", g)
+            # The up projection reuses the same quantized input (the FP8 buffers still hold it
+            # when the gate's weights are FP8), but re-quantizing keeps the dataflow simple.
+            arena, u = linear(plan, arena, "norm_output", (t, h), p["w_up"], act_regions,
+                              quant=quant, interpret=it)  # fmt: skip
+            arena = put(plan, arena, "expert_up_out", u)
+            g = get(plan, arena, "expert_gate_out", (t, inter))
+            u = get(plan, arena, "expert_up_out", (t, inter))
+            arena = put(plan, arena, "expert_up_out", jax.nn.silu(g) * u)
+        else:
+            arena, up = linear(plan, arena, "norm_output", (t, h), p["w_up"], act_regions,
+                               quant=quant, interpret=it)  # fmt: skip
+            arena = put(plan, arena, "expert_up_out", jnp.square(jax.nn.relu(up)))
+        # The seed's floor(K / 128) k-major scales cannot hold ceil(K / 128) columns when the
+        # intermediate size is not a multiple of 128: that projection reads its bf16 input.
+        regions = FFN_QUANT_REGIONS if workspaces.ffn_fp8_uses_seed_regions(inter) else None
+        arena, down = linear(plan, arena, "expert_up_out", (t, inter), p["w_down"], regions,
+                             quant=quant, interpret=it)  # fmt: skip
+        arena = put(plan, arena, "moe_output", down)
+        return arena, get(plan, arena, "moe_output", (t, h))
+
+    def prefill(self, env: Env, params, arena, cache, ctx: StepContext):
+        """The MLP of every prompt token; the cache (None) passes through."""
+        arena, out = self._forward(env, params, arena, ctx.num_tokens)
+        return arena, cache, out
+
+    def decode(self, env: Env, params, arena, cache, ctx: StepContext):
+        """The MLP of each sequence's new token; the cache (None) passes through."""
+        arena, out = self._forward(env, params, arena, ctx.num_tokens)
+        return arena, cache, out

@@ -1,0 +1,34 @@
+"""The block vocabulary: block kinds by name, and HuggingFace `layer_types` names by kind.
+
+A new block is one module under `jaxarena/models/blocks/` and one line in `BLOCKS` (and in
+`LAYER_TYPES` when configs name its layers).
+"""
+
+from __future__ import annotations
+
+from jaxarena.models.blocks.attention import Attention
+from jaxarena.models.blocks.base import Block
+from jaxarena.models.blocks.mamba2 import Mamba2
+from jaxarena.models.blocks.mlp import MLP
+
+__all__ = ["BLOCKS", "LAYER_TYPES", "block_kind"]
+
+# kind -> Block class
+BLOCKS: dict[str, type[Block]] = {
+    Attention.kind: Attention,
+    Mamba2.kind: Mamba2,
+    MLP.kind: MLP,
+}
+
+# A config's `layer_types` entry -> block kind (the names Nemotron-H-style configs use).
+LAYER_TYPES: dict[str, str] = {
+    "full_attention": "attention",
+    "attention": "attention",
+    "mamba": "mamba",
+    "mlp": "mlp",
+}
+
+
+def block_kind(layer_type: str, extra: dict[str, str] | None = None) -> str | None:
+    """The block kind of a config's layer type (`LAYER_TYPES`, then `extra`); None if none."""
+    return LAYER_TYPES.get(layer_type, (extra or {}).get(layer_type))

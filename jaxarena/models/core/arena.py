@@ -1,0 +1,115 @@
+"""Arena access for the blocks: store and load an activation region, and the linear layer.
+
+Activations live in the arena's regions as bfloat16 (the seed sizes activations for bf16);
+arithmetic is float32. `put` stores, `get` reads back from the NEWEST arena: XLA orders
+in-place updates by data dependencies only, so a block re-reads what it needs where it uses
+it.
+
+Linear layers. A weight is one of
+- a float array `[in, out]` (bf16 from a checkpoint, f32 for random weights): `x @ w`;
+- an FP8 weight `{"w": float8_e4m3fn[out, in], "scale_inv": float32[ceil(out/128),
+  ceil(in/128)]}` (the Qwen3-FP8 / DeepSeek-V3 format): the input is quantized 1 x 128 by the
+  `fp8_block_quant` kernel into the arena's FP8 regions and multiplied block-scaled
+  (`fp8_block_matmul`);
+- a tuple of those (q/k/v, gate/up): the outputs concatenated; the input is quantized once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxarena import ArenaPlan, workspaces
+from pallas_kernels import fp8_block_quant_into
+
+__all__ = ["BF16", "F32", "put", "get", "linear", "fp8_block_matmul", "is_fp8", "dequant_weight"]
+
+BF16 = jnp.bfloat16
+F32 = jnp.float32
+
+
+def is_fp8(w: Any) -> bool:
+    """Whether `w` is an FP8 block-scaled weight (`{"w", "scale_inv"}`)."""
+    return isinstance(w, dict) and "scale_inv" in w
+
+
+def _parts(w: Any) -> tuple[Any, ...]:
+    return tuple(w) if isinstance(w, (tuple, list)) else (w,)
+
+
+def dequant_weight(w: dict[str, jax.Array]) -> jax.Array:
+    """`float32[in, out]` of an FP8 weight (only where the activation cannot be quantized)."""
+    q, s = w["w"], w["scale_inv"]
+    n, k = q.shape
+    full = jnp.repeat(jnp.repeat(s, workspaces.FP8_BLOCK, 0), workspaces.FP8_BLOCK, 1)[:n, :k]
+    return (q.astype(F32) * full).T
+
+
+def fp8_block_matmul(xq: jax.Array, xs: jax.Array, w: dict[str, jax.Array]) -> jax.Array:
+    """Block-scaled product of 1 x 128 quantized activations and 128 x 128 quantized weights.
+
+    Args:
+      xq: `float8_e4m3fn[T, K]` activations; xs: `float32[T, ceil(K/128)]` their scales.
+      w: `{"w": float8_e4m3fn[N, K], "scale_inv": float32[ceil(N/128), ceil(K/128)]}`.
+
+    Returns:
+      `float32[T, N]`: `sum_b xs[t, b] * scale_inv[n // 128, b] * (xq[t, blk b] . w[n, blk b])`;
+      the per-block dot products are exact products of e4m3 values (bf16 operands, exact)
+      accumulated in f32.
+    """
+    blk = workspaces.FP8_BLOCK
+    t, k = xq.shape
+    wq, ws = w["w"], w["scale_inv"]
+    n = wq.shape[0]
+    nb = xs.shape[1]
+    pad = nb * blk - k
+    # e4m3 values are exact in bf16, and a product of two bf16 values is exact in f32.
+    xb = jnp.pad(xq.astype(BF16), ((0, 0), (0, pad))).reshape(t, nb, blk)
+    wb = jnp.pad(wq.astype(BF16), ((0, 0), (0, pad))).reshape(n, nb, blk)
+    partial = jnp.einsum("tbk,nbk->tnb", xb, wb, preferred_element_type=F32)
+    wsn = jnp.repeat(ws, blk, axis=0)[:n]
+    return jnp.einsum("tnb,tb,nb->tn", partial, xs, wsn)
+
+
+def put(plan: ArenaPlan, arena: jax.Array, name: str, value: jax.Array) -> jax.Array:
+    """Stores `value` at the start of region `name` as bf16; returns the new arena."""
+    return plan.write(arena, name, value.astype(BF16))
+
+
+def get(plan: ArenaPlan, arena: jax.Array, name: str, shape: tuple[int, ...]) -> jax.Array:
+    """Reads bf16 `shape` from the start of region `name`, as float32."""
+    return plan.view(arena, name, shape, BF16).astype(F32)
+
+
+def linear(plan: ArenaPlan, arena: jax.Array, src: str, shape: tuple[int, int], w: Any,
+           regions: tuple[str, ...] | None, *, quant: bool = False,
+           interpret: bool | None = None) -> tuple[jax.Array, jax.Array]:  # fmt: skip
+    """`x @ w` for `x` = region `src` (`shape = (T, K)`); see the module docstring.
+
+    `regions` are the FP8 buffers the input is quantized into when a part of `w` is FP8 (or
+    `quant`); None means they cannot hold this K (then the bf16 input is used as stored and
+    FP8 weights are dequantized). Returns `(arena, float32[T, sum of outputs])`.
+    """
+    t, k = shape
+    parts = _parts(w)
+    if (quant or any(is_fp8(p) for p in parts)) and regions is not None:
+        x = plan.view(arena, src, shape, BF16)
+        arena = fp8_block_quant_into(arena, plan, x, regions=regions, interpret=interpret)
+        rows, nb = workspaces.fp8_rows(t), workspaces.fp8_scale_cols(k)
+        q = plan.view(arena, regions[0], (rows, k), jnp.float8_e4m3fn)[:t]
+        s = plan.view(arena, regions[1], (rows, nb), F32)[:t]
+        xd = None
+        outs = []
+        for p in parts:
+            if is_fp8(p):
+                outs.append(fp8_block_matmul(q, s, p))
+            else:
+                if xd is None:
+                    xd = q.astype(F32) * jnp.repeat(s, workspaces.FP8_BLOCK, axis=1)[:, :k]
+                outs.append(xd @ p.astype(F32))
+    else:
+        x = get(plan, arena, src, shape)
+        outs = [x @ (dequant_weight(p) if is_fp8(p) else p.astype(F32)) for p in parts]
+    return arena, outs[0] if len(outs) == 1 else jnp.concatenate(outs, -1)

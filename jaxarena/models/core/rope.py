@@ -1,0 +1,19 @@
+"""Rotary position embeddings (the rotate-half form of Llama / Qwen3)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+__all__ = ["rope"]
+
+
+def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+    """Rotary embedding (rotate-half form) of `x [T, heads, D]` at `positions int32[T]`;
+    float32 angles `positions * theta^(-2i/D)`."""
+    d = x.shape[-1]
+    inv = theta ** (-jnp.arange(0, d // 2, dtype=jnp.float32) * 2 / d)
+    ang = positions.astype(jnp.float32)[:, None] * inv[None, :]
+    cos, sin = jnp.cos(ang)[:, None, :], jnp.sin(ang)[:, None, :]
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)

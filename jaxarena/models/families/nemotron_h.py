@@ -1,0 +1,41 @@
+"""Nemotron-H: Mamba-2, attention (no RoPE) and relu^2 MLP blocks as `layer_types` lists
+them, in Mamba-2's `backbone.*` layout. MoE layers are not implemented."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from jaxarena import ModelConfig
+from jaxarena.models.blocks.attention import Attention
+from jaxarena.models.blocks.mamba2 import Mamba2
+from jaxarena.models.blocks.mlp import MLP
+from jaxarena.models.blocks.registry import block_kind
+from jaxarena.models.families.base import unsupported
+from jaxarena.models.families.mamba2 import Mamba2Family
+from jaxarena.models.stack import Arch
+
+__all__ = ["NemotronH"]
+
+
+class NemotronH(Mamba2Family):
+    """`nemotron_h` without MoE layers."""
+
+    model_types = ("nemotron_h",)
+
+    def arch(self, model_type: str, raw: dict[str, Any], config: ModelConfig, path: Path,
+             max_seq_len: int) -> Arch:  # fmt: skip
+        """One block per entry of `layer_types`."""
+        self.check_mamba(config, path)
+        act = raw.get("mlp_hidden_act", "relu2")
+        if act != "relu2":
+            raise unsupported(path, f"mlp_hidden_act={act!r}; only relu2 is implemented")
+        kinds = [block_kind(lt) for lt in config.layer_types]
+        other = sorted({lt for lt, k in zip(config.layer_types, kinds, strict=True) if k is None})
+        if other:
+            raise unsupported(path, f"Nemotron-H blocks {other} (MoE) are not implemented")
+        eps = float(raw.get("layer_norm_epsilon", 1e-5))
+        make = {"attention": Attention(rope=False, rms_eps=eps), "mamba": Mamba2(rms_eps=eps),
+                "mlp": MLP(act="relu2")}  # fmt: skip
+        return Arch(blocks=tuple(make[k] for k in kinds), rms_eps=eps,
+                    tie_embeddings=config.tie_word_embeddings)  # fmt: skip

@@ -1,0 +1,210 @@
+"""The decoder: a stack of residual blocks on one arena. Llama/Mistral/Qwen3, Mamba-2,
+Nemotron-H and the random-weight reference hybrid are all cases of `ArenaLM`.
+
+A model is `embed -> blocks -> final RMSNorm -> LM head` (tied to the embeddings or not),
+each block `x += mixer(rmsnorm(x))` with a mixer from `jaxarena.models.blocks`
+(`Attention`, `MLP`, `Mamba2`, ...). The decoder owns the residual stream: it writes the
+embeddings to `hidden_states`, and around every block copies the skip path to `residual`,
+writes the pre-norm to `norm_output`, and adds the block's output back into `hidden_states`.
+Caches are one entry per block (`None` for a block without one): a dict keyed by
+`cache_keys` (`"<kind>.<index>"`, e.g. `"attention.001"`).
+
+Prefill and decode share one loop (`_blocks`); they differ only in the `StepContext` they
+build (prefill: packed prompts with `cu_seqlens`; decode: one token per sequence with
+`seq_lens`) and in which block method runs.
+
+Arena discipline: every intermediate the seed gives a buffer for is written to and read back
+from the arena at the plan's offsets, stored as bfloat16; arithmetic is float32. Results that
+leave the arena (the caches) are tied to it with `lax.optimization_barrier` before the next
+write (inside the blocks).
+
+`prefill` and `decode_step` are pure; jit them with the arena and the caches donated
+(`jax.jit(model.decode_step, donate_argnums=(1, 2))`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax.numpy as jnp
+
+from jaxarena import ArenaPlan, Levers, ModelConfig, Target
+from jaxarena.models.blocks.base import Block, Env, StepContext
+from jaxarena.models.core.arena import F32, get, put
+from jaxarena.models.core.norms import rms_norm
+
+__all__ = ["Arch", "ArenaLM"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Arch:
+    """What distinguishes one model from another beyond its dimensions (static, hashable).
+
+    Attributes:
+      blocks: the residual blocks, in order (`jaxarena.models.blocks` instances).
+      rms_eps: epsilon of the block pre-norms and the final norm.
+      tie_embeddings: the LM head is the embedding matrix (no `lm_head` parameter).
+    """
+
+    blocks: tuple[Block, ...]
+    rms_eps: float = 1e-5
+    tie_embeddings: bool = False
+
+    def __post_init__(self) -> None:
+        bad = [b for b in self.blocks if not isinstance(b, Block)]
+        if bad:
+            raise ValueError(f"Arch.blocks must be Block instances "
+                             f"(jaxarena.models.blocks), got {bad[:3]}")  # fmt: skip
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The kind of each block (`"attention"`, `"mamba"`, `"mlp"`, ...)."""
+        return tuple(b.kind for b in self.blocks)
+
+    @property
+    def cache_keys(self) -> tuple[str, ...]:
+        """The key of each block's cache, `"<kind>.<index>"` (`"mamba.000"`, ...).
+
+        The kind comes first on purpose: jax flattens a dict in key order, so the caches
+        reach XLA grouped by kind (all KV caches, then all SSM states). XLA's CPU buffer
+        assignment depends on the parameter order; in block order it kept one more
+        interpreter copy alive in the reference hybrid's decode step (+126 KB temp,
+        tests/models/test_hybrid_e2e.py::test_decode_footprint).
+        """
+        return tuple(f"{b.kind}.{i:03d}" for i, b in enumerate(self.blocks))
+
+    def init_caches(self, config: ModelConfig, *, num_blocks: int, kv_block_size: int,
+                    rows: int) -> dict[str, Any]:  # fmt: skip
+        """Zeroed decode caches, `{cache key: Block.init_cache(...)}` for every block."""
+        return {key: b.init_cache(config, num_blocks=num_blocks, kv_block_size=kv_block_size,
+                                  rows=rows)
+                for key, b in zip(self.cache_keys, self.blocks, strict=True)}  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ArenaLM:
+    """A decoder bound to one arena plan (see the module docstring).
+
+    Attributes:
+      config: the model dimensions (the same `ModelConfig` the plan was sized from).
+      arch: the blocks and the family's remaining choices (`Arch`).
+      plan: the arena layout, from `BufferSizes.from_config` at the serve limits (or packed).
+      max_batch_tokens, max_seq_len, kv_block_size, max_batch_size: the serve limits the plan
+        was sized for.
+      target, levers: what sized the split-K workspace; the decode kernel uses the same policy.
+      interpret: Pallas interpret mode (None: on CPU).
+    """
+
+    config: ModelConfig
+    arch: Arch
+    plan: ArenaPlan
+    max_batch_tokens: int
+    max_seq_len: int
+    kv_block_size: int
+    max_batch_size: int
+    target: Target
+    levers: Levers
+    interpret: bool | None = None
+
+    @property
+    def env(self) -> Env:
+        """What every block runs against (config, plan, KV page size, decode policy)."""
+        return Env(config=self.config, plan=self.plan, kv_block_size=self.kv_block_size,
+                   target=self.target, levers=self.levers, interpret=self.interpret)  # fmt: skip
+
+    def init_caches(self, *, num_blocks: int, rows: int) -> dict[str, Any]:
+        """Zeroed decode caches, one entry per block (`Block.init_cache`) under its
+        `Arch.cache_keys` key: an attention block a paged bf16 KV cache (`k`, `v`:
+        `[num_blocks, kv_block_size, Hkv, D]`), a Mamba block its f32 SSM state
+        (`[rows, H, P, N]`) and conv window (`[rows, 3, d_xbc]`), an MLP None."""
+        return self.arch.init_caches(self.config, num_blocks=num_blocks,
+                                     kv_block_size=self.kv_block_size, rows=rows)  # fmt: skip
+
+    # -- the shared loop -------------------------------------------------------------------------
+
+    def _blocks(self, mode: str, params, arena, caches, tokens, ctx: StepContext):
+        """Embeds `tokens` into `hidden_states` and runs every block (`mode`: `"prefill"` or
+        `"decode"`) with its pre-norm and residual add; returns `(arena, caches)`."""
+        env, plan, eps = self.env, self.plan, self.arch.rms_eps
+        h_shape = (tokens.shape[0], self.config.hidden_size)
+        arena = put(plan, arena, "hidden_states", params["embed"][tokens])
+        out_caches = {}
+        blocks = zip(self.arch.cache_keys, self.arch.blocks, params["layers"], strict=True)
+        for key, block, p in blocks:
+            arena = put(plan, arena, "residual", get(plan, arena, "hidden_states", h_shape))
+            normed = rms_norm(get(plan, arena, "hidden_states", h_shape), p["norm"], eps)
+            arena = put(plan, arena, "norm_output", normed)
+            step = block.prefill if mode == "prefill" else block.decode
+            arena, cache, out = step(env, p, arena, caches[key], ctx)
+            resid = get(plan, arena, "residual", h_shape)
+            arena = put(plan, arena, "hidden_states", resid + out)
+            out_caches[key] = cache
+        return arena, out_caches
+
+    def _lm_head(self, arena, params, rows, t: int):
+        """Final norm and LM head of the hidden rows `rows` (indices) into `logits`."""
+        c = self.config
+        h = get(self.plan, arena, "hidden_states", (t, c.hidden_size))[rows]
+        h = rms_norm(h, params["final_norm"], self.arch.rms_eps)
+        head = params["embed"].T if self.arch.tie_embeddings else params["lm_head"]
+        arena = put(self.plan, arena, "logits", h @ head.astype(F32))
+        return arena, get(self.plan, arena, "logits", (rows.shape[0], c.vocab_size))
+
+    # -- steps -----------------------------------------------------------------------------------
+
+    def prefill(self, params, arena, caches, tokens, cu_seqlens, block_tables, *,
+                all_logits: bool = False):  # fmt: skip
+        """Runs the prompts of `S` sequences packed into one pass.
+
+        Args:
+          params: `{"embed", "layers": [one dict per block], "final_norm"[, "lm_head"]}`.
+          arena: the plan's arena (donated).
+          caches: `init_caches(...)` (donated); sequence `s` uses SSM cache row `s` and the KV
+            blocks of `block_tables[s]`.
+          tokens: `int32[T]`, the prompts back to back, `T <= max_batch_tokens`.
+          cu_seqlens: `int32[S + 1]`, sequence `s` is `tokens[cu_seqlens[s]:cu_seqlens[s+1]]`
+            (every sequence at least one token).
+          block_tables: `int32[S, max_blocks_per_seq]`.
+          all_logits: static; return the logits of every token instead of each sequence's last.
+
+        Returns:
+          `(arena, caches, logits)`: `float32[S, vocab]` (each sequence's last prompt token),
+          or `float32[T, vocab]` with `all_logits`; the values are those stored (bf16) in the
+          arena's `logits` region.
+        """
+        t = tokens.shape[0]
+        if t > self.max_batch_tokens:
+            raise ValueError(f"{t} prompt tokens exceed max_batch_tokens={self.max_batch_tokens}")
+        idx = jnp.arange(t, dtype=jnp.int32)
+        # Each token's sequence: how many sequence ends are <= it. A count, as in the SSD scan,
+        # not `searchsorted`, whose default method is a while loop of log2(S) steps on a GPU.
+        seq = jnp.sum(cu_seqlens[None, 1:] <= idx[:, None], axis=1, dtype=jnp.int32)
+        ctx = StepContext(positions=idx - cu_seqlens[seq], seq_ids=seq,
+                          block_tables=block_tables, cu_seqlens=cu_seqlens)  # fmt: skip
+        arena, caches = self._blocks("prefill", params, arena, caches, tokens, ctx)
+        rows = idx if all_logits else cu_seqlens[1:] - 1
+        arena, logits = self._lm_head(arena, params, rows, t)
+        return arena, caches, logits
+
+    def decode_step(self, params, arena, caches, tokens, positions, block_tables, seq_lens):
+        """One decode step for `B` sequences (one new token each).
+
+        Args:
+          params: as for `prefill`.
+          arena, caches: donated; sequence `b` uses SSM cache row `b`.
+          tokens: `int32[B]`, the newest token of each sequence.
+          positions: `int32[B]`, its position (the sequence length before this token).
+          block_tables: `int32[B, max_blocks_per_seq]`.
+          seq_lens: `int32[B]`, lengths after this token (`positions + 1`).
+
+        Returns:
+          `(arena, caches, logits float32[B, vocab], next_tokens int32[B])` (greedy).
+        """
+        bsz = tokens.shape[0]
+        seq = jnp.arange(bsz, dtype=jnp.int32)
+        ctx = StepContext(positions=positions, seq_ids=seq, block_tables=block_tables,
+                          seq_lens=seq_lens)  # fmt: skip
+        arena, caches = self._blocks("decode", params, arena, caches, tokens, ctx)
+        arena, logits = self._lm_head(arena, params, seq, bsz)
+        return arena, caches, logits, jnp.argmax(logits, -1).astype(jnp.int32)
