@@ -21,7 +21,7 @@ from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels._args import check_nonempty, check_rank, resolve_interpret
 from pallas_kernels.gdn_state_update.kernel import GdnUpdateConfig, gdn_state_update_kernel
-from pallas_kernels.ssd_state_update.ops import _as_indices, _check_dtype, _check_indices
+from pallas_kernels.ssd_state_update.checks import _as_indices, _check_dtype, _check_indices
 
 __all__ = ["gdn_state_update"]
 
