@@ -73,6 +73,7 @@ def _tile(n: int) -> int:
     """Smallest power of two >= max(n, 16): Triton tiles are powers of two, `tl.dot` >= 16."""
     return max(16, pl.next_power_of_2(n))
 
+
 def _pad_to(v: jax.Array, shape: tuple[int, ...]) -> jax.Array:
     if tuple(v.shape) == shape:
         return v
@@ -208,7 +209,6 @@ def _ssd_impl(
     if (Pp, Np) != (P, N):
         final = final[:, :, :P, :N]
     return y, final, ws2d
-
 
 
 def ssd_chunked_scan(
