@@ -149,11 +149,13 @@ def test_the_mlp_quantizes_its_activations(setup, arena_run):
     table), so the FP8 round trip is checked where it happens: after the last decode step the
     arena's FFN FP8 buffers hold the quantization of the last MLP layer's input, bit for bit
     (the MLP is the last layer; the LM head writes no FP8 buffer). The same model with FP8
-    switched off (`Arch.fp8_mlp_acts=False`, prefill only to keep the compile small) fails it."""
+    switched off (every `MLP` block with `fp8_acts=False`, prefill only to keep the compile small) fails it."""
     cfg, model, params, prompts, tables = setup
     assert cfg.layer_types[-1] == "mlp" and cfg.intermediate_size % 128 == 0
     assert last_mlp_fp8_mismatches(model, arena_run["arena"], len(prompts)) == 0
-    no_fp8 = dataclasses.replace(model, arch=dataclasses.replace(model.arch, fp8_mlp_acts=False))
+    blocks = tuple(dataclasses.replace(b, fp8_acts=False) if b.kind == "mlp" else b
+                   for b in model.arch.blocks)  # fmt: skip
+    no_fp8 = dataclasses.replace(model, arch=dataclasses.replace(model.arch, blocks=blocks))
     caches = init_caches(cfg, num_blocks=len(prompts) * BLOCKS_PER_SEQ, block_size=BLOCK,
                          max_batch_size=len(prompts))  # fmt: skip
     cu = np.concatenate([[0], np.cumsum(PROMPT_LENS)]).astype(np.int32)
