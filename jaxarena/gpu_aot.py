@@ -87,6 +87,7 @@ _NO_SPILLS_OPTION = "xla_gpu_fail_ptx_compilation_on_register_spilling"
 # XLA option value that dumps each module's PTX and no other emitter output.
 _DUMP_PTX_ONLY = "ptx"
 
+
 class RegisterSpillError(RuntimeError):
     """Compilation failed because a kernel spills registers (the no-spill switch was on).
 

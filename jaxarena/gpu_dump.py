@@ -48,7 +48,6 @@ _NON_LAUNCH_KINDS = frozenset(
 )  # fmt: skip
 
 
-
 class GpuUnavailable(RuntimeError):
     """No compile-only GPU device can be made here; `reason` says why and how to fix it."""
 
