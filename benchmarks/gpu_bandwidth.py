@@ -170,6 +170,7 @@ def main(argv: list[str] | None = None) -> None:
                                                            donate_argnums=0),
                                                    plan.allocate(), *rest)  # fmt: skip
                     else:
+
                         def call(fn=fn, fargs=fargs):
                             return fn(*fargs)
 
