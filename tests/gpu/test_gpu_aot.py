@@ -99,6 +99,17 @@ def test_ptxas_parse():
             for x in k] == [("fp8_block_quant", 91, 0, 0, 0), ("ssd_output", 32, 7336, 20228, 6472)]  # fmt: skip
 
 
+def test_a_dump_without_the_pallas_kernels_ptx_is_an_error(tmp_path):
+    # jax >= 0.11 dumps no PTX unless asked (xla_dump_emitter_re): the analysis must say so
+    # instead of reporting no Pallas kernels (and so nothing to check for spills).
+    (tmp_path / "module_0001.jit_f.thunk_sequence.txt").write_text(THUNKS)
+    hlo = '%p = custom-call(%x), custom_call_target="__gpu$xla.gpu.triton", backend_config={name = "ssd_chunk"}'
+    r = gpu_aot.GpuCompiled(None, "h200", 0, 0, 0, 0, hlo, 0.0)
+    with pytest.raises(RuntimeError, match=r"no PTX for the Pallas kernels \['ssd_chunk'\]"):
+        gpu_aot.analyze_dump(r, str(tmp_path))
+    assert r.launches_static == 6  # the thunks were read before the check
+
+
 def test_while_trip_count_reaches_the_launch_count(target):
     # An XLA while loop of 5 iterations: its thunk gets trip_count 5 from the optimized HLO,
     # and the per-call count multiplies its body out.
