@@ -45,7 +45,9 @@ def real_footprint(jitted, *args) -> str:
     """temp / alias bytes and launches per call of the real compile on this device."""
     where = tempfile.mkdtemp(prefix="jaxarena_bw_")
     try:
-        compiled = jitted.lower(*args).compile(compiler_options={"xla_dump_to": where})
+        # jax >= 0.11 dumps PTX only for emitters matching xla_dump_emitter_re (gpu_aot).
+        options = {"xla_dump_to": where, "xla_dump_emitter_re": "ptx"}
+        compiled = jitted.lower(*args).compile(compiler_options=options)
         mem = compiled.memory_analysis()
         mem = mem[0] if isinstance(mem, list | tuple) else mem
         result = gpu_aot.GpuCompiled(
@@ -168,6 +170,7 @@ def main(argv: list[str] | None = None) -> None:
                                                            donate_argnums=0),
                                                    plan.allocate(), *rest)  # fmt: skip
                     else:
+
                         def call(fn=fn, fargs=fargs):
                             return fn(*fargs)
 

@@ -84,6 +84,9 @@ TARGETS: dict[str, tuple[str, str]] = {
 
 # XLA flag that turns a register spill reported by ptxas into a compile error.
 _NO_SPILLS_OPTION = "xla_gpu_fail_ptx_compilation_on_register_spilling"
+# XLA option value that dumps each module's PTX and no other emitter output.
+_DUMP_PTX_ONLY = "ptx"
+
 
 class RegisterSpillError(RuntimeError):
     """Compilation failed because a kernel spills registers (the no-spill switch was on).
@@ -206,14 +209,19 @@ def abstract_gpu(target: str = "h200") -> Iterator[None]:
     is set; it reads only the abstract mesh's device. A one-device `AxisType.Auto` mesh is
     used (with `Explicit` axes the arena writes fail with a sharding mismatch). jax 0.10.2 has
     the same names (`jax.sharding.AbstractMesh`, `AbstractDevice`, `AxisType`,
-    `use_abstract_mesh`) and is unaffected by it.
+    `use_abstract_mesh`) and is unaffected by it; on jax 0.8.x (whose `AbstractDevice` takes no
+    platform) this context does nothing.
     """
     _, kind = TARGETS[_check_target(target)]
     from jax.sharding import AbstractDevice, AbstractMesh, AxisType, use_abstract_mesh
 
-    mesh = AbstractMesh(
-        (1,), ("x",), (AxisType.Auto,), abstract_device=AbstractDevice(kind, 1, "cuda")
-    )
+    try:
+        device = AbstractDevice(kind, 1, "cuda")
+    except TypeError:
+        # jax 0.8.x: AbstractDevice has no platform, and Pallas-Triton does not ask for a GPU.
+        yield
+        return
+    mesh = AbstractMesh((1,), ("x",), (AxisType.Auto,), abstract_device=device)
     with use_abstract_mesh(mesh):
         yield
 
@@ -352,6 +360,10 @@ def compile_for_gpu(
         os.makedirs(where, exist_ok=True)
     if where is not None:
         options["xla_dump_to"] = where
+        # jax >= 0.11 writes a module's PTX into the dump only for emitters matching this
+        # regex (jax 0.10.2 always did); "ptx" selects the PTX files alone (".*" would add
+        # every Triton pass' IR, several times slower to write).
+        options.setdefault("xla_dump_emitter_re", _DUMP_PTX_ONLY)
     try:
         placed_args = on_gpu(args, device_target)
         placed_kwargs = on_gpu(kwargs, device_target)

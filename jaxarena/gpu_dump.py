@@ -48,7 +48,6 @@ _NON_LAUNCH_KINDS = frozenset(
 )  # fmt: skip
 
 
-
 class GpuUnavailable(RuntimeError):
     """No compile-only GPU device can be made here; `reason` says why and how to fix it."""
 
@@ -339,6 +338,13 @@ def analyze_dump(result: Any, dump_dir: str) -> None:
         )
         files = [f for f in files if f.startswith(module + ".")]
     result.kernels = dump_kernels(dump_dir, files, result.hlo_text)
+    missing = _pallas_kernel_names(result.hlo_text) - {k.name for k in result.kernels}
+    if missing:
+        raise RuntimeError(
+            f"the dump in {dump_dir} has no PTX for the Pallas kernels {sorted(missing)}: "
+            "XLA did not dump their PTX (jax >= 0.11 dumps PTX only with "
+            f"xla_dump_emitter_re matching 'ptx'; files seen: {len(files)})"
+        )
 
 
 def dump_kernels(dump_dir: str, files: list[str], hlo_text: str) -> list[KernelResources]:

@@ -1,5 +1,7 @@
-"""CI tests what the project declares: the lowest jax in pyproject is the one .ci/run's second
-job installs, and the test extra brings the CUDA plugin the GPU compile gate needs."""
+"""CI tests what the project declares: the lowest jax in pyproject is the one .ci/run's lowest
+job installs, the README's test command runs on Python 3.11 and 3.12 (newest jax), the test
+extra brings the CUDA plugin the GPU compile gate needs, and the jobs that install it require
+the gate to run (JAXARENA_REQUIRE_GPU_GATE)."""
 
 from __future__ import annotations
 
@@ -29,3 +31,49 @@ def test_lowest_declared_jax_is_the_one_ci_tests():
 def test_test_extra_brings_the_cuda_plugin():
     test_extra = _pyproject()["project"]["optional-dependencies"]["test"]
     assert any(d.replace(" ", "").startswith("jax[cuda13-local]") for d in test_extra)
+
+
+def _ci() -> str:
+    return (ROOT / ".ci" / "run").read_text()
+
+
+def _readme_test_command() -> str:
+    readme = (ROOT / "README.md").read_text()
+    block = re.findall(r"```bash\n(.*?)```", readme, flags=re.S)[1]
+    return block.strip().split("&& ", 2)[-1]  # pip install ... && python -m pytest -q
+
+
+def test_ci_runs_the_readme_command_on_python_3_11_and_the_newest_python_job():
+    ci = _ci()
+    assert ci.count(_readme_test_command()) == 2, "jobs 1 (python3) and 2 (Python 3.12)"
+    new = re.search(r"^PYTHON_NEW=(3\.\d+)$", ci, flags=re.M)
+    assert new and new.group(1) == "3.12"
+    # Job 2 fails, saying so, when no Python 3.12 is found (it never falls back to python3).
+    assert 'find_python "$PYTHON_NEW"' in ci and "exit 1" in ci
+
+
+def test_ci_requires_the_gpu_gate_where_the_plugin_is_installed():
+    ci = _ci()
+    conftest = (ROOT / "tests" / "gpu" / "conftest.py").read_text()
+    assert 'REQUIRE_ENV = "JAXARENA_REQUIRE_GPU_GATE"' in conftest
+    jobs = ci.split("# Job ")[1:]
+    assert len(jobs) == 3
+    for job in jobs[:2]:  # the two jobs that install the test extra (and so the plugin)
+        assert '".[test]"' in job
+    assert "export JAXARENA_REQUIRE_GPU_GATE=1" in jobs[0]
+    assert "unset JAXARENA_REQUIRE_GPU_GATE" in jobs[1]  # not in the lowest job: no plugin
+    assert "JAXARENA_REQUIRE_GPU_GATE" not in jobs[2] and "tests/gpu" not in jobs[2]
+
+
+def test_declared_python_range_and_classifiers_match_ci():
+    project = _pyproject()["project"]
+    assert project["requires-python"].replace(" ", "") == ">=3.11"
+    versions = sorted(
+        c.rsplit(":: ", 1)[1]
+        for c in project["classifiers"]
+        if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c)
+    )
+    assert versions == ["3.11", "3.12", "3.13"]
+    # jax from the lowest CI job's version with no upper bound: the newest one is CI's job 2.
+    [jax_dep] = [d for d in project["dependencies"] if re.match(r"jax\b", d)]
+    assert "<" not in jax_dep

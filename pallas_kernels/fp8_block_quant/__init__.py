@@ -2,6 +2,7 @@
 with the gated MLP's `silu(gate) * up`; f32, column-major and packed UE8M0 scale layouts."""
 
 from pallas_kernels.fp8_block_quant.ops import (
+    BACKENDS,
     FFN_ACT_REGIONS,
     FP8_ACT_REGIONS,
     SCALE_FORMATS,
@@ -17,6 +18,7 @@ from pallas_kernels.fp8_block_quant.reference import (
 )
 
 __all__ = [
+    "BACKENDS",
     "FFN_ACT_REGIONS",
     "FP8_ACT_REGIONS",
     "SCALE_FORMATS",

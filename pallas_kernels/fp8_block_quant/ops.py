@@ -48,9 +48,11 @@ from pallas_kernels.fp8_block_quant.kernel import (
     fp8_block_quant_kernel,
     row_tile,
 )
+from pallas_kernels.fp8_block_quant.kernel_mosaic import quantize_mosaic
 
 __all__ = [
     "FFN_ACT_REGIONS",
+    "BACKENDS",
     "FP8_ACT_REGIONS",
     "SCALE_FORMATS",
     "SCALE_LAYOUTS",
@@ -62,6 +64,9 @@ __all__ = [
 
 SCALE_FORMATS: tuple[str, ...] = ("f32", "ue8m0")
 """Accepted `scale_format` values."""
+
+BACKENDS: tuple[str, ...] = ("triton", "mosaic_gpu")
+"""Accepted `backend` values of `fp8_block_quant` (README, "Kernels": the Triton deprecation)."""
 
 SCALE_LAYOUTS: tuple[str, ...] = ("row", "col", "packed_ue8m0")
 """Accepted `scale_layout` values (the arena forms take `"col"` and `"packed_ue8m0"`)."""
@@ -212,7 +217,9 @@ def _pack_ue8m0(scales: jax.Array, m: int) -> jax.Array:
     return jax.lax.bitcast_convert_type(words, jnp.int32).T
 
 
-def _standalone(x, up, *, block_size, scale_format, scale_layout, interpret):
+def _standalone(x, up, *, block_size, scale_format, scale_layout, interpret, backend="triton"):
+    if not isinstance(backend, str) or backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend=!r}")
     m, k = _validate(
         x,
         up,
@@ -231,9 +238,12 @@ def _standalone(x, up, *, block_size, scale_format, scale_layout, interpret):
         if scale_layout == "col":
             return q, jnp.zeros((nb, rows), jnp.float32)
         return q, jnp.zeros((pl.cdiv(nb, 4), rows), jnp.int32)
-    q_bits, scales = _quantize(
+    if backend == "mosaic_gpu":
+        quantize = quantize_mosaic
+    else:
+        quantize = functools.partial(_quantize, up=up)
+    q_bits, scales = quantize(
         x,
-        up,
         num_rows=rows,
         block_size=int(block_size),
         scale_format=scale_format,
@@ -254,6 +264,7 @@ def fp8_block_quant(
     scale_format: str = "f32",
     scale_layout: str = "row",
     interpret: bool | None = None,
+    backend: str = "triton",
 ) -> tuple[jax.Array, jax.Array]:
     """Quantizes activations to FP8 e4m3 with one scale per row and `block_size` columns.
 
@@ -276,8 +287,11 @@ def fp8_block_quant(
         `"packed_ue8m0"` (`int32[ceil(nb / 4), align4(M)]`, four exponents per word, DeepGEMM
         SM100); see the module docstring. Rows past M are zero rows (the floor scale), except
         in `"packed_ue8m0"`, where their words are 0 (as vLLM's packed quantizer).
-      interpret: `None` runs the Pallas interpreter on CPU and the compiled Triton kernel on
-        GPU; `True`/`False` force one.
+      interpret: `None` runs the Pallas interpreter on CPU and the compiled kernel on GPU;
+        `True`/`False` force one.
+      backend: `"triton"` (Pallas-Triton, the default) or `"mosaic_gpu"` (Pallas' Mosaic GPU,
+        `kernel_mosaic.py`: same results in interpret mode; compiled, its divisions are
+        approximate, see that module). Interpret mode of `"mosaic_gpu"` needs jax >= 0.12.
 
     Returns:
       `(q, scales)`: `q` is `float8_e4m3fn[M, K]`; `scales` as `scale_layout` says, with
@@ -287,7 +301,8 @@ def fp8_block_quant(
       ValueError: `x` is not 2-D or not floating, `block_size` is not a positive multiple of
         16, `scale_format` / `scale_layout` unknown, or `"packed_ue8m0"` with f32 scales.
       NotImplementedError: a floating dtype other than the three above, or `block_size` over
-        8192.
+        8192 (over 256 with `"mosaic_gpu"`); `"mosaic_gpu"` on a jax without Pallas' Mosaic
+        GPU interpreter.
     """
     return _standalone(
         x,
@@ -296,6 +311,7 @@ def fp8_block_quant(
         scale_format=scale_format,
         scale_layout=scale_layout,
         interpret=interpret,
+        backend=backend,
     )
 
 

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from _helpers.arena import random_arena
 from _helpers.jitted import fp8_quant_ref
+from _helpers.lowering import cuda_lowering_text
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -376,7 +377,7 @@ def test_lowers_for_cuda_with_triton(scale_format, block_size):
     f = functools.partial(
         fp8_block_quant, block_size=block_size, scale_format=scale_format, interpret=False
     )
-    text = jax.jit(f).trace(x).lower(lowering_platforms=("cuda",)).as_text()
+    text = cuda_lowering_text(f, x)
     assert "__gpu$xla.gpu.triton" in text
     # The IEEE reciprocal (inline PTX) is in the Triton module: no approximate division.
     assert "rcp.rn.f32" in text

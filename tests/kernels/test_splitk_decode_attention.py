@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _helpers.jitted import attention_ref
+from _helpers.lowering import cuda_lowering_text
 from _helpers.tolerances import tol
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -454,7 +455,7 @@ def test_lowers_for_cuda(name):
             q, k, v, bt, sl, num_splits=splits, workspace=ws, interpret=False
         )
 
-    text = jax.jit(f).trace(q, kv, kv, bt, sl, ws).lower(lowering_platforms=("cuda",)).as_text()
+    text = cuda_lowering_text(f, q, kv, kv, bt, sl, ws)
     # The attention pass, and the combine pass when there are splits to merge.
     assert len(re.findall(r"__gpu\$xla\.gpu\.triton", text)) == (2 if splits > 1 else 1)
     assert "splitk_decode_attention" in text

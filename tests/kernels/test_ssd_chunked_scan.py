@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _helpers.arena import random_arena
+from _helpers.lowering import cuda_lowering_text
 from _helpers.tolerances import tol
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -529,8 +530,7 @@ def test_lowers_for_cuda_as_triton_kernels():
     def f(x, dt, A, B, C, **kw):
         return ssd_chunked_scan(x, dt, A, B, C, dt_softplus=True, interpret=False, **kw)
 
-    lowered = jax.jit(f).trace(**args).lower(lowering_platforms=("cuda",))
-    text = lowered.as_text()
+    text = cuda_lowering_text(f, **args)
     # Both phases compile as Triton kernels (phase 1 with the aliased scratch; phase 2 walks
     # the chunks inside the kernel): no per-chunk XLA loop is left.
     assert text.count("__gpu$xla.gpu.triton") == 2

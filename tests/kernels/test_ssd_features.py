@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _helpers.arena import random_arena
+from _helpers.lowering import cuda_lowering_text
 from _helpers.tolerances import tol
 
 from jaxarena import ArenaPlan, BufferSizes, Levers, ModelConfig, Target
@@ -241,6 +242,6 @@ def test_every_option_lowers_for_cuda():
         return ssd_chunked_scan(x, dt, A, B, C, dt_softplus=True, dt_limit=(0.001, 0.1),
                                 state_dtype=BF16, interpret=False, **kw)  # fmt: skip
 
-    text = jax.jit(f).trace(**args).lower(lowering_platforms=("cuda",)).as_text()
+    text = cuda_lowering_text(f, **args)
     assert "__gpu$xla.gpu.triton" in text
     assert "stablehlo.while" not in text

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _helpers.lowering import cuda_lowering_text
 from _helpers.tolerances import tol
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -299,6 +300,6 @@ def test_lowers_for_cuda_as_one_triton_kernel():
     def f(*a, **k):
         return ssd_state_update(*a, **k, dt_softplus=True, interpret=False)
 
-    text = jax.jit(f).trace(*args, **kw).lower(lowering_platforms=("cuda",)).as_text()
+    text = cuda_lowering_text(f, *args, **kw)
     assert text.count("__gpu$xla.gpu.triton") == 1
     assert "ssd_state_update" in text
