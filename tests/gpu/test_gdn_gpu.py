@@ -15,7 +15,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import pytest
 
 from jaxarena import ArenaPlan, gpu_aot
 from jaxarena.workspaces import gdn_fla_scratch_layout
@@ -27,13 +26,6 @@ LENGTHS = (2048, 8192)
 KERNELS = {"gdn_chunk_prep", "gdn_chunk_state", "gdn_chunk_output"}
 MIB = 1 << 20
 BF16, F32 = jnp.bfloat16, jnp.float32
-
-
-def _need(target):
-    try:
-        gpu_aot.gpu_device(target)
-    except gpu_aot.GpuUnavailable as e:
-        pytest.skip(f"no compile-only {target} can be made here: {e.reason}")
 
 
 @functools.cache
@@ -54,9 +46,7 @@ def _compile(T: int, target: str):
     return plan, res
 
 
-@pytest.mark.parametrize("target", ["h200", "b200"])
 def test_chunked_arena_form_compiles_without_spills_and_flat_in_T(target):
-    _need(target)
     launches = []
     for T in LENGTHS:
         plan, res = _compile(T, target)
@@ -74,9 +64,7 @@ def test_chunked_arena_form_compiles_without_spills_and_flat_in_T(target):
     assert launches[0] == launches[1], launches
 
 
-@pytest.mark.parametrize("target", ["h200", "b200"])
 def test_state_update_is_one_launch_in_place_without_spills(target):
-    _need(target)
     slots, B = 256, 128
     sds = jax.ShapeDtypeStruct
     args = (

@@ -15,9 +15,8 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import pytest
 
-gpu_aot = pytest.importorskip("jaxarena.gpu_aot")
+from jaxarena import gpu_aot
 from pallas_kernels.grouped_gemm import grouped_gemm, grouped_gemm_fp8  # noqa: E402
 
 S = jax.ShapeDtypeStruct
@@ -25,23 +24,7 @@ M, K, N, G = 8192, 2048, 768, 128
 KIB = 1 << 10
 
 
-@functools.cache
-def _unavailable(target: str) -> str | None:
-    try:
-        gpu_aot.gpu_device(target)
-    except gpu_aot.GpuUnavailable as e:
-        return e.reason
-    return None
-
-
-def _need(target: str) -> None:
-    if _unavailable(target) is not None:
-        pytest.skip(f"no compile-only {target} can be made here: {_unavailable(target)}")
-
-
-@pytest.mark.parametrize("target", ["h200", "b200"])
 def test_bf16_kernel_has_no_dense_temp_and_no_spills(target):
-    _need(target)
     r = gpu_aot.compile_for_gpu(
         functools.partial(grouped_gemm, out_dtype=jnp.float32, interpret=False),
         S((M, K), jnp.bfloat16), S((G, K, N), jnp.bfloat16), S((G,), jnp.int32),
@@ -52,9 +35,7 @@ def test_bf16_kernel_has_no_dense_temp_and_no_spills(target):
     assert r.max_spill_bytes == 0
 
 
-@pytest.mark.parametrize("target", ["h200", "b200"])
 def test_fp8_kernel_compiles_without_spills(target):
-    _need(target)
     r = gpu_aot.compile_for_gpu(
         functools.partial(grouped_gemm_fp8, interpret=False),
         S((M, K), jnp.bfloat16), S((G, N, K), jnp.float8_e4m3fn),
@@ -67,10 +48,9 @@ def test_fp8_kernel_compiles_without_spills(target):
     assert r.max_spill_bytes == 0
 
 
-def test_ragged_dot_pads_to_a_dense_dot_on_h200():
+def test_ragged_dot_pads_to_a_dense_dot_on_h200(h200):
     """Why the kernel: XLA's GPU rewrite of ragged_dot materialises an [M, G*K] operand. If a
     future XLA stops doing so this test fails, and ragged_dot should be reconsidered."""
-    _need("h200")
     r = gpu_aot.compile_for_gpu(
         lambda a, b, g: jax.lax.ragged_dot(a, b, g, preferred_element_type=jnp.float32),
         S((M, K), jnp.bfloat16), S((G, K, N), jnp.bfloat16), S((G,), jnp.int32),
@@ -79,13 +59,11 @@ def test_ragged_dot_pads_to_a_dense_dot_on_h200():
     assert r.temp_bytes >= M * G * K * 2, r.temp_bytes
 
 
-@pytest.mark.parametrize("target", ["h200", "b200"])
 def test_fp8_arena_form_keeps_everything_in_moe_fp8_scratch(target):
     """1024 tokens x top-8 (M = 8192 rows): the quantized activations, scales, work list and
     counter live in the arena. Measured (H200 and B200): temp 2,820 B (vs 17,304,080 B for the
     standalone form at M = 8192), the whole arena aliased, 12 launches (quantize, GEMM, the
     work list's small fusions and its two stores), no spills."""
-    _need(target)
     from jaxarena import ArenaPlan, workspaces
     from pallas_kernels.grouped_gemm import grouped_gemm_fp8_into
 
