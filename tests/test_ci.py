@@ -58,10 +58,11 @@ def test_ci_requires_the_gpu_gate_where_the_plugin_is_installed():
     assert 'REQUIRE_ENV = "JAXARENA_REQUIRE_GPU_GATE"' in conftest
     jobs = ci.split("# Job ")[1:]
     assert len(jobs) == 3
+    jobs[2] = jobs[2].split("\nstart=")[0]  # job 3's body, not the runner after it
     for job in jobs[:2]:  # the two jobs that install the test extra (and so the plugin)
         assert '".[test]"' in job
-    assert "export JAXARENA_REQUIRE_GPU_GATE=1" in jobs[0]
-    assert "unset JAXARENA_REQUIRE_GPU_GATE" in jobs[1]  # not in the lowest job: no plugin
+    for job in jobs[:2]:  # each job runs in its own subshell: its environment is its own
+        assert "export JAXARENA_REQUIRE_GPU_GATE=1" in job
     assert "JAXARENA_REQUIRE_GPU_GATE" not in jobs[2] and "tests/gpu" not in jobs[2]
 
 
