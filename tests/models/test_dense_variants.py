@@ -183,3 +183,40 @@ def test_llama31_preset_config_builds_its_llama3_rope():
     blocks = arch.blocks[::2]
     assert len(blocks) == 32 and len({b.rope_inv_freq for b in blocks}) == 1
     np.testing.assert_allclose(np.array(blocks[0].rope_inv_freq), want, rtol=2.0**-24 * 64)
+
+
+def test_attention_sinks_in_prefill_agree_with_split_k_decode():
+    """Attention sinks (gpt-oss; no dense family here uses them): the llama fixture with a sink
+    logit of 1.5 per head on every attention block. The decode loop (split-K kernel with
+    `sinks`, tested against its own reference in tests/kernels) and a prefill-only
+    recomputation of the same tokens (the dense softmax with the sink column) agree within
+    2 * atol (each within atol of the exact values), and the sinks change the logits by far more
+    than that."""
+    import dataclasses
+
+    import jax.numpy as jnp
+
+    from jaxarena.models.runtime import CausalLM
+
+    base = load_pretrained(CHECKPOINTS / "llama", **LIMITS)
+    ref = reference("llama")
+    arch = base.model.arch
+    blocks = tuple(dataclasses.replace(b, sinks=True) if b.kind == "attention" else b
+                   for b in arch.blocks)  # fmt: skip
+    model = dataclasses.replace(base.model, arch=dataclasses.replace(arch, blocks=blocks))
+    hq = base.config.num_attention_heads
+    params = {**base.params, "layers": [
+        {**p, "sinks": jnp.full((hq,), 1.5, jnp.float32)} if b.kind == "attention" else p
+        for b, p in zip(blocks, base.params["layers"], strict=True)]}  # fmt: skip
+    plain_logits = base.prefill_logits(ref["prompts"][2])
+    lm = CausalLM(model=model, params=params, path=base.path, model_type="llama", fp8=False,
+                  arena=model.plan.allocate(), caches=model.init_caches(
+                      num_blocks=base.caches["attention.000"]["k"].shape[0],
+                      rows=LIMITS["max_batch_size"] + 1),
+                  block_tables=base.block_tables)  # fmt: skip
+    prompt = ref["prompts"][2]
+    tokens, logits = lm.generate([prompt], 6, return_logits=True)
+    forced = lm.prefill_logits(prompt + tokens[0][:-1])[len(prompt) - 1 :]
+    bound = roundings(base) * U_BF16 * float(np.abs(forced).max())
+    np.testing.assert_allclose(logits[0], forced, atol=2 * bound, rtol=0)
+    assert np.abs(forced[0] - plain_logits[-1]).max() > 4 * bound

@@ -42,10 +42,13 @@ class Attention(Block):
         (transformers' `sliding_window`); None: all.
       softcap: attention-logit soft-cap `c * tanh(x / c)` (Gemma 2); None: none.
       scale: the logit scale (Gemma's `query_pre_attn_scalar ** -0.5`); None: `head_dim ** -0.5`.
+      sinks: one learned extra logit per query head joins each softmax's denominator
+        (gpt-oss's `sinks`); its value row is zero.
 
     Parameters: `wqkv` (`[hidden, (Hq + 2 Hkv) D]`, or a (q, k, v) tuple of linear weights),
     `wo` (`[Hq D, hidden]`), with `qk_norm` also `q_norm` and `k_norm` (`[D]`), with
-    `qkv_bias` `bqkv` (`[(Hq + 2 Hkv) D]`), with `o_bias` `bo` (`[hidden]`).
+    `qkv_bias` `bqkv` (`[(Hq + 2 Hkv) D]`), with `o_bias` `bo` (`[hidden]`), with `sinks`
+    `sinks` (`float32[Hq]`).
     Cache: `{"k", "v"}`, each `bfloat16[num_blocks, kv_block_size, Hkv, D]`.
     """
 
@@ -61,6 +64,7 @@ class Attention(Block):
     window: int | None = None
     softcap: float | None = None
     scale: float | None = None
+    sinks: bool = False
 
     def __post_init__(self) -> None:
         if self.window is not None and (not isinstance(self.window, int) or self.window < 1):
@@ -79,6 +83,8 @@ class Attention(Block):
             p["bqkv"] = jnp.zeros(((hq + 2 * hkv) * hd,), F32)
         if self.o_bias:
             p["bo"] = jnp.zeros((h,), F32)
+        if self.sinks:
+            p["sinks"] = jnp.zeros((hq,), F32)
         return p
 
     def read_params(self, reader: Any, config: ModelConfig, prefix: str,
@@ -103,6 +109,8 @@ class Attention(Block):
             )
         if self.o_bias:
             p["bo"] = reader.vector(f"{prefix}.o_proj.bias", config.hidden_size)
+        if self.sinks:
+            p["sinks"] = reader.vector(f"{prefix}.sinks", config.num_attention_heads)
         return p
 
     def init_cache(self, config: ModelConfig, *, num_blocks: int, kv_block_size: int,
@@ -172,7 +180,14 @@ class Attention(Block):
         if self.window is not None:  # keys within the `window` most recent, the query's own
             pos = ctx.positions
             mask &= pos[:, None] - pos[None, :] < self.window
-        probs = jax.nn.softmax(jnp.where(mask[None], logits, -jnp.inf), axis=-1)
+        logits = jnp.where(mask[None], logits, -jnp.inf)
+        if self.sinks:  # an extra column per head: the sink's logit, with a zero value row
+            sink = jnp.broadcast_to(
+                params["sinks"].astype(F32)[:, None, None], (*logits.shape[:2], 1)
+            )
+            probs = jax.nn.softmax(jnp.concatenate([logits, sink], -1), axis=-1)[..., :-1]
+        else:
+            probs = jax.nn.softmax(logits, axis=-1)
         o = jnp.einsum("htu,uhd->thd", probs, vv).reshape(t, -1)
         cache, arena = jax.lax.optimization_barrier((cache, arena))
         arena = put(env.plan, arena, "attn_output", o)
@@ -187,6 +202,7 @@ class Attention(Block):
             arena, env.plan, q.astype(BF16), cache["k"], cache["v"], ctx.block_tables,
             ctx.seq_lens, levers=env.levers, target=env.target, interpret=env.interpret,
             sm_scale=self.scale, window_size=self.window, softcap=self.softcap,
+            sinks=params["sinks"].astype(F32) if self.sinks else None,
         )  # fmt: skip
         arena, out = self._out(env, params, arena, ctx.num_tokens)
         return arena, cache, out
