@@ -224,6 +224,30 @@ def build_rope() -> None:
     print("rope_reference.npz:", ", ".join(cases))
 
 
+def write_readme() -> None:
+    """`tests/fixtures/checkpoints/README_dense.md`: the table of these fixtures."""
+    lines = ["# Dense-variant fixtures (tools/make_dense_fixtures.py; do not edit by hand)", "",
+             "| fixture | class | config | files (bytes) | max abs logit | top-2 gap median / min |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
+    for name in FIXTURES:
+        d = ROOT / "checkpoints" / name
+        cfg = json.loads((d / "config.json").read_text())
+        with np.load(d / "reference.npz") as ref:
+            top = max(float(np.abs(ref[f"prefill_logits_{i}"]).max()) for i in range(4))
+            gaps = ref["greedy_top2_gap"]
+        extra = {k: cfg[k] for k in ("sliding_window", "layer_types", "rope_scaling",
+                                      "rope_parameters", "attn_logit_softcapping",
+                                      "final_logit_softcapping", "query_pre_attn_scalar")
+                 if cfg.get(k) is not None}  # fmt: skip
+        files = ", ".join(f"`{f.name}` {f.stat().st_size:,}" for f in sorted(d.iterdir()))
+        lines.append(f"| `{name}` | {cfg['architectures'][0]} | {mf._summary(cfg)}, "
+                     f"{json.dumps(extra, sort_keys=True)} | {files} | {top:.2f} | "
+                     f"{float(np.median(gaps)):.3f} / {float(gaps.min()):.4f} |")  # fmt: skip
+    lines += ["", "Same prompts and format as README.md's fixtures; every bias is 0.2 N(0, 1) "
+              "and every Gemma norm weight w (scale 1 + w) is 0.2 N(0, 1).", ""]  # fmt: skip
+    (ROOT / "checkpoints" / "README_dense.md").write_text("\n".join(lines))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=[*FIXTURES, "rope"])
@@ -235,6 +259,8 @@ def main() -> None:
     for offset, name in enumerate(FIXTURES):
         if args.only in (None, name):
             build_fixture(name, offset)
+    if args.only is None:
+        write_readme()
 
 
 if __name__ == "__main__":
