@@ -227,3 +227,30 @@ def test_attention_sinks_in_prefill_agree_with_split_k_decode():
     bound = roundings(base) * U_BF16 * float(np.abs(forced).max())
     np.testing.assert_allclose(logits[0], forced, atol=2 * bound, rtol=0)
     assert np.abs(forced[0] - plain_logits[-1]).max() > 4 * bound
+
+
+def _with_config(tmp_path, src: str, **changes) -> Path:
+    d = tmp_path / src
+    shutil.copytree(CHECKPOINTS / src, d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg.update(changes)
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
+def test_rope_types_a_fixed_step_cannot_serve_are_refused_naming_the_file(tmp_path):
+    dyn = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}
+    d = _with_config(tmp_path, "llama3", rope_parameters=dyn, max_position_embeddings=16)
+    with pytest.raises(NotImplementedError, match=r"config\.json: rope_type='dynamic'"):
+        load_pretrained(d, **LIMITS)
+    d = _with_config(tmp_path / "b", "llama3", rope_parameters=dyn, max_position_embeddings=64)
+    assert load_pretrained(d, **LIMITS).model.arch.blocks[0].rope_theta == 1e4  # unscaled
+
+
+def test_yarn_and_partial_rotary_configs_build_their_tables(tmp_path):
+    yarn = {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4,
+            "original_max_position_embeddings": 32, "partial_rotary_factor": 0.5}  # fmt: skip
+    lm = load_pretrained(_with_config(tmp_path, "llama3", rope_parameters=yarn), **LIMITS)
+    block = lm.model.arch.blocks[0]
+    assert len(block.rope_inv_freq) == 4  # head_dim 16 x 0.5 = 8 rotated channels
+    assert block.rope_scaling == pytest.approx(0.1 * math.log(4.0) + 1)

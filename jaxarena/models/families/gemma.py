@@ -9,7 +9,8 @@
   the activation dtype; bf16 is ours).
 - GeGLU MLP (`gelu_pytorch_tanh`), attention scale `query_pre_attn_scalar ** -0.5`, sliding
   and global layers (`layer_types`, `sliding_window`).
-- Gemma 2: attention-logit and final-logit soft-caps.
+- Attention-logit and final-logit soft-caps where the config sets them (Gemma 2; Gemma 3's
+  configs leave them null).
 - Gemma 3: q/k norms; RoPE per layer type (global layers: `rope_theta` with `rope_scaling`,
   e.g. linear x8; sliding layers: the default RoPE at `rope_local_base_freq`).
   `gemma3` (Gemma3ForConditionalGeneration) reads the language model's weights
@@ -81,11 +82,10 @@ class Gemma2(Family):
             raise unsupported(path, f"layer_types {sorted(other) or types}")
         eps = float(raw.get("rms_norm_eps", 1e-6))
         window = int(raw.get("sliding_window") or self.default_window)
-        scale = float(raw.get("query_pre_attn_scalar") or config.head_dim) ** -0.5
+        # transformers' Gemma2Config / Gemma3TextConfig default: 256
+        scale = float(raw.get("query_pre_attn_scalar") or 256) ** -0.5
         attn_cap = raw.get("attn_logit_softcapping")
         final_cap = raw.get("final_logit_softcapping")
-        if self.qk_norm:
-            attn_cap = final_cap = None  # Gemma 3 has neither (its configs may carry nulls)
         blocks = []
         for t in types:
             w = window if t == "sliding_attention" and window < max_seq_len else None
