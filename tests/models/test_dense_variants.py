@@ -254,3 +254,22 @@ def test_yarn_and_partial_rotary_configs_build_their_tables(tmp_path):
     block = lm.model.arch.blocks[0]
     assert len(block.rope_inv_freq) == 4  # head_dim 16 x 0.5 = 8 rotated channels
     assert block.rope_scaling == pytest.approx(0.1 * math.log(4.0) + 1)
+
+
+@pytest.mark.parametrize(
+    ("name", "change"),
+    [
+        ("mistral_window", {"sliding_window": None}),
+        ("gemma2", {"attn_logit_softcapping": None}),
+        ("gemma3_text", {"rope_scaling": None}),
+    ],
+)
+def test_the_fixtures_exercise_their_feature(runs, tmp_path, name, change):
+    """Without the feature a fixture is built for (the window, the attention soft-cap, the
+    global RoPE scaling), the 16-token prompt's logits miss transformers' by more than the
+    bound: the comparisons above could fail for an implementation that ignored it."""
+    lm, ref = runs.lm(name), reference(name)
+    bound = atol(lm, ref)
+    other = load_pretrained(_with_config(tmp_path, name, **change), **LIMITS)
+    got = other.prefill_logits(ref["prompts"][3])
+    assert np.abs(got - ref["prefill"][3]).max() > bound
