@@ -100,6 +100,8 @@ def weight_fields(top: Obj, obj: Obj, model_type: str, kw: dict[str, Any]) -> di
     vision = top.obj("vision_config")
     if vision is not None and mt.startswith(("qwen3_vl", "qwen3_5", "qwen3_6", "qwen4_exp")):
         out["vision_param_count"] = _qwen3_vl_vision(vision, mt)
+    elif vision is not None and mt == "gemma3":
+        out["vision_param_count"] = _gemma3_vision(vision, h)
     if mt == "deepseek_v4":
         out["other_param_count"] = _deepseek_v4_other(obj, kw)
     elif mt in _HC_FAMILIES:
@@ -185,6 +187,27 @@ def _qwen3_vl_vision(v: Obj, model_type: str) -> int:
         h * channels * temporal * patch * patch + h + positions * h + depth * block
         + merger(h) + deep * merger(wide)
     )  # fmt: skip
+
+
+def _gemma3_vision(v: Obj, text_hidden: int) -> int:
+    """Parameters of Gemma 3's SigLIP vision tower and its projector: a Conv2d patch embedding
+    with bias, learned position embeddings (one per patch), `num_hidden_layers` pre-LayerNorm
+    ViT blocks with biases, the post-LayerNorm, then the projector's RMSNorm and its
+    `[vision hidden, text hidden]` matrix. Absent keys take the HF SigLIP defaults of
+    Gemma 3 (gemma-3-4b/12b/27b: 421,290,864 with the 12B's text width 3840)."""
+    h, inter, depth = (
+        v.int("hidden_size", 1152),
+        v.int("intermediate_size", 4304),
+        v.int("num_hidden_layers", 27),
+    )
+    channels, patch, image = (
+        v.int("num_channels", 3),
+        v.int("patch_size", 14),
+        v.int("image_size", 896),
+    )
+    block = 4 * h + 4 * (h * h + h) + (inter * h + inter) + (h * inter + h)
+    tower = h * channels * patch * patch + h + (image // patch) ** 2 * h + depth * block + 2 * h
+    return tower + h * text_hidden + h
 
 
 def _deepseek_v4_other(obj: Obj, kw: dict[str, Any]) -> int:

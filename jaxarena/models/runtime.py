@@ -1,8 +1,15 @@
 """HuggingFace checkpoints on the arena: `load_pretrained(path, ...) -> CausalLM`.
 
 Families (`model_type` of `config.json`, `jaxarena.models.families.registry`): `llama`,
-`mistral`, `qwen3` (q/k norms), `mamba2` and `nemotron_h` (Mamba-2, attention and relu^2 MLP
-blocks; no MoE blocks). Checkpoints may be
+`mistral` (sliding window), `qwen2` (q/k/v biases), `qwen3` (q/k norms), `gemma2`,
+`gemma3_text` and `gemma3` (its language model), `mamba2` and `nemotron_h` (Mamba-2, attention
+and relu^2 MLP blocks; no MoE blocks).
+
+Sliding windows: the KV cache is not capped at the window. Every attention layer writes its
+keys through the one block table of the sequence (the paged layout shares it across layers),
+so a sliding layer cannot recycle its pages on its own; split-K decode never reads the pages
+before the window, and prefill masks them. Capping would need a per-layer-type block table
+(ring of `ceil(window / kv_block_size) + 1` pages). Checkpoints may be
 FP8 block-quantized (`quantization_config = {"quant_method": "fp8", "weight_block_size":
 [128, 128]}`, the Qwen3-*-FP8 / DeepSeek-V3 format): their linear weights stay
 `float8_e4m3fn` on the device with their f32 `weight_scale_inv` block scales, activations are

@@ -45,11 +45,19 @@ class Arch:
       blocks: the residual blocks, in order (`jaxarena.models.blocks` instances).
       rms_eps: epsilon of the block pre-norms and the final norm.
       tie_embeddings: the LM head is the embedding matrix (no `lm_head` parameter).
+      embed_scale: the embeddings are multiplied by this (Gemma: `sqrt(hidden)` rounded to
+        bf16, the activation dtype); None: not scaled.
+      final_softcap: the logits become `c * tanh(logits / c)` (Gemma 2); None: none.
+
+    A block whose parameters hold `"post_norm"` has its output RMS-normalized with it before
+    the residual add (Gemma's post-attention / post-feedforward norms).
     """
 
     blocks: tuple[Block, ...]
     rms_eps: float = 1e-5
     tie_embeddings: bool = False
+    embed_scale: float | None = None
+    final_softcap: float | None = None
 
     def __post_init__(self) -> None:
         bad = [b for b in self.blocks if not isinstance(b, Block)]
@@ -128,7 +136,10 @@ class ArenaLM:
         `"decode"`) with its pre-norm and residual add; returns `(arena, caches)`."""
         env, plan, eps = self.env, self.plan, self.arch.rms_eps
         h_shape = (tokens.shape[0], self.config.hidden_size)
-        arena = put(plan, arena, "hidden_states", params["embed"][tokens])
+        emb = params["embed"][tokens]
+        if self.arch.embed_scale is not None:
+            emb = emb.astype(F32) * self.arch.embed_scale
+        arena = put(plan, arena, "hidden_states", emb)
         out_caches = {}
         blocks = zip(self.arch.cache_keys, self.arch.blocks, params["layers"], strict=True)
         for key, block, p in blocks:
@@ -137,6 +148,8 @@ class ArenaLM:
             arena = put(plan, arena, "norm_output", normed)
             step = block.prefill if mode == "prefill" else block.decode
             arena, cache, out = step(env, p, arena, caches[key], ctx)
+            if "post_norm" in p:
+                out = rms_norm(out, p["post_norm"], eps)
             resid = get(plan, arena, "residual", h_shape)
             arena = put(plan, arena, "hidden_states", resid + out)
             out_caches[key] = cache
@@ -148,7 +161,10 @@ class ArenaLM:
         h = get(self.plan, arena, "hidden_states", (t, c.hidden_size))[rows]
         h = rms_norm(h, params["final_norm"], self.arch.rms_eps)
         head = params["embed"].T if self.arch.tie_embeddings else params["lm_head"]
-        arena = put(self.plan, arena, "logits", h @ head.astype(F32))
+        logits = h @ head.astype(F32)
+        if self.arch.final_softcap is not None:
+            logits = self.arch.final_softcap * jnp.tanh(logits / self.arch.final_softcap)
+        arena = put(self.plan, arena, "logits", logits)
         return arena, get(self.plan, arena, "logits", (rows.shape[0], c.vocab_size))
 
     # -- steps -----------------------------------------------------------------------------------

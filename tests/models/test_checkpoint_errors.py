@@ -157,7 +157,11 @@ def test_unsupported_family_and_features(tmp_path):
                        "supported: llama, mistral, qwen3, mamba2, nemotron_h"):  # fmt: skip
         load(make(tmp_path, config={"model_type": "gpt2"}))
     shutil.rmtree(tmp_path / "ckpt")
-    with pytest.raises(NotImplementedError, match="rope_type='llama3'"):
+    with pytest.raises(NotImplementedError, match="rope_type='proportional'"):
+        load(make(tmp_path, config={"rope_parameters": {"rope_type": "proportional",
+                                                        "rope_theta": 1e4}}))  # fmt: skip
+    shutil.rmtree(tmp_path / "ckpt")
+    with pytest.raises(ValueError, match=r"config\.json: rope_type='llama3' needs 'factor'"):
         load(make(tmp_path, config={"rope_parameters": {"rope_type": "llama3",
                                                         "rope_theta": 1e4}}))  # fmt: skip
     shutil.rmtree(tmp_path / "ckpt")

@@ -299,10 +299,10 @@ def test_mistral_reads_the_llama_layout(runs, tmp_path):
     np.testing.assert_array_equal(
         mistral.prefill_logits(prompt), runs.lm("llama").prefill_logits(prompt)
     )
-    cfg.update(sliding_window=16)  # a window shorter than max_seq_len is not implemented
+    cfg.update(sliding_window=16)  # a window shorter than max_seq_len: every layer slides
     (d / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(NotImplementedError, match="sliding_window=16 < max_seq_len=32"):
-        load_pretrained(d, **LIMITS)
+    windowed = load_pretrained(d, **LIMITS)
+    assert {b.window for b in windowed.model.arch.blocks[::2]} == {16}
 
 
 def test_fp8_block_matmul_against_float64():

@@ -15,12 +15,13 @@ from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxarena import ModelConfig, workspaces
 from jaxarena.models.blocks.base import Block, Env, StepContext, dense_init
 from jaxarena.models.core.arena import BF16, F32, get, linear, put
 from jaxarena.models.core.norms import rms_norm
-from jaxarena.models.core.rope import rope
+from jaxarena.models.core.rope import rope, rope_table
 from pallas_kernels import splitk_decode_attention_into
 
 __all__ = ["Attention"]
@@ -34,9 +35,20 @@ class Attention(Block):
       rope: apply rotary embeddings (rotate-half form) with `rope_theta`.
       qk_norm: RMS-normalize each q and k head before RoPE (Qwen3).
       rms_eps: epsilon of the q/k norms.
+      rope_inv_freq, rope_scaling: a RoPE table (`core.rope_params.rope_spec`: scaled
+        frequencies, partial rotary, YaRN's cos/sin factor) used instead of `rope_theta`.
+      qkv_bias, o_bias: the q/k/v (Qwen2, `attention_bias`) and o projections add a bias.
+      window: sliding window: a query sees the `window` most recent keys, itself included
+        (transformers' `sliding_window`); None: all.
+      softcap: attention-logit soft-cap `c * tanh(x / c)` (Gemma 2); None: none.
+      scale: the logit scale (Gemma's `query_pre_attn_scalar ** -0.5`); None: `head_dim ** -0.5`.
+      sinks: one learned extra logit per query head joins each softmax's denominator
+        (gpt-oss's `sinks`); its value row is zero.
 
     Parameters: `wqkv` (`[hidden, (Hq + 2 Hkv) D]`, or a (q, k, v) tuple of linear weights),
-    `wo` (`[Hq D, hidden]`), with `qk_norm` also `q_norm` and `k_norm` (`[D]`).
+    `wo` (`[Hq D, hidden]`), with `qk_norm` also `q_norm` and `k_norm` (`[D]`), with
+    `qkv_bias` `bqkv` (`[(Hq + 2 Hkv) D]`), with `o_bias` `bo` (`[hidden]`), with `sinks`
+    `sinks` (`float32[Hq]`).
     Cache: `{"k", "v"}`, each `bfloat16[num_blocks, kv_block_size, Hkv, D]`.
     """
 
@@ -45,6 +57,20 @@ class Attention(Block):
     rope_theta: float = 10000.0
     qk_norm: bool = False
     rms_eps: float = 1e-5
+    rope_inv_freq: tuple[float, ...] | None = None
+    rope_scaling: float = 1.0
+    qkv_bias: bool = False
+    o_bias: bool = False
+    window: int | None = None
+    softcap: float | None = None
+    scale: float | None = None
+    sinks: bool = False
+
+    def __post_init__(self) -> None:
+        if self.window is not None and (not isinstance(self.window, int) or self.window < 1):
+            raise ValueError(f"Attention.window={self.window!r} must be None or an int >= 1")
+        if self.softcap is not None and not self.softcap > 0:
+            raise ValueError(f"Attention.softcap={self.softcap!r} must be None or > 0")
 
     def init_params(self, config: ModelConfig, keys: Iterator[jax.Array]) -> dict[str, Any]:
         """Random `wqkv` and `wo` (unit q/k norms with `qk_norm`)."""
@@ -53,6 +79,12 @@ class Attention(Block):
         p = {"wqkv": dense_init(keys, h, (hq + 2 * hkv) * hd), "wo": dense_init(keys, hq * hd, h)}
         if self.qk_norm:
             p["q_norm"] = p["k_norm"] = jnp.ones((hd,), F32)
+        if self.qkv_bias:
+            p["bqkv"] = jnp.zeros(((hq + 2 * hkv) * hd,), F32)
+        if self.o_bias:
+            p["bo"] = jnp.zeros((h,), F32)
+        if self.sinks:
+            p["sinks"] = jnp.zeros((hq,), F32)
         return p
 
     def read_params(self, reader: Any, config: ModelConfig, prefix: str,
@@ -69,6 +101,16 @@ class Attention(Block):
         if self.qk_norm:
             p["q_norm"] = reader.vector(f"{prefix}.q_norm.weight", hd)
             p["k_norm"] = reader.vector(f"{prefix}.k_norm.weight", hd)
+        if self.qkv_bias:
+            sizes = (("q", config.num_attention_heads), ("k", config.num_key_value_heads),
+                     ("v", config.num_key_value_heads))  # fmt: skip
+            p["bqkv"] = np.concatenate(
+                [reader.vector(f"{prefix}.{n}_proj.bias", heads * hd) for n, heads in sizes]
+            )
+        if self.o_bias:
+            p["bo"] = reader.vector(f"{prefix}.o_proj.bias", config.hidden_size)
+        if self.sinks:
+            p["sinks"] = reader.vector(f"{prefix}.sinks", config.num_attention_heads)
         return p
 
     def init_cache(self, config: ModelConfig, *, num_blocks: int, kv_block_size: int,
@@ -83,6 +125,8 @@ class Attention(Block):
         hq, hkv, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         arena, qkv = linear(env.plan, arena, "norm_output", (t, c.hidden_size), p["wqkv"],
                             workspaces.FP8_ACT_REGIONS, interpret=env.interpret)  # fmt: skip
+        if self.qkv_bias:
+            qkv = qkv + p["bqkv"].astype(F32)
         arena = put(env.plan, arena, "qkv_output", qkv)
         qkv = get(env.plan, arena, "qkv_output", (t, (hq + 2 * hkv) * hd))
         q = qkv[:, : hq * hd].reshape(t, hq, hd)
@@ -90,7 +134,10 @@ class Attention(Block):
         v = qkv[:, (hq + hkv) * hd :].reshape(t, hkv, hd)
         if self.qk_norm:
             q, k = rms_norm(q, p["q_norm"], self.rms_eps), rms_norm(k, p["k_norm"], self.rms_eps)
-        if self.rope:
+        if self.rope and self.rope_inv_freq is not None:
+            q = rope_table(q, ctx.positions, self.rope_inv_freq, self.rope_scaling)
+            k = rope_table(k, ctx.positions, self.rope_inv_freq, self.rope_scaling)
+        elif self.rope:
             q = rope(q, ctx.positions, self.rope_theta)
             k = rope(k, ctx.positions, self.rope_theta)
         return arena, q, k, v
@@ -108,8 +155,11 @@ class Attention(Block):
 
     def _out(self, env: Env, p, arena, t: int):
         hq_d = env.config.num_attention_heads * env.config.head_dim
-        return linear(env.plan, arena, "attn_output", (t, hq_d), p["wo"],
-                      workspaces.FP8_ACT_REGIONS, interpret=env.interpret)  # fmt: skip
+        arena, out = linear(env.plan, arena, "attn_output", (t, hq_d), p["wo"],
+                            workspaces.FP8_ACT_REGIONS, interpret=env.interpret)  # fmt: skip
+        if self.o_bias:
+            out = out + p["bo"].astype(F32)
+        return arena, out
 
     def prefill(self, env: Env, params, arena, cache, ctx: StepContext):
         """Appends the prompts' K/V to the cache; dense causal attention within each packed
@@ -121,10 +171,23 @@ class Attention(Block):
         q, k, v = (x.astype(BF16).astype(F32) for x in (q, k, v))
         g = c.num_attention_heads // c.num_key_value_heads
         kk, vv = jnp.repeat(k, g, axis=1), jnp.repeat(v, g, axis=1)
-        logits = jnp.einsum("thd,uhd->htu", q, kk) / math.sqrt(c.head_dim)
+        scale = 1 / math.sqrt(c.head_dim) if self.scale is None else self.scale
+        logits = jnp.einsum("thd,uhd->htu", q, kk) * scale
+        if self.softcap is not None:
+            logits = self.softcap * jnp.tanh(logits / self.softcap)
         idx, seq = jnp.arange(t, dtype=jnp.int32), ctx.seq_ids
         mask = (seq[:, None] == seq[None, :]) & (idx[None, :] <= idx[:, None])
-        probs = jax.nn.softmax(jnp.where(mask[None], logits, -jnp.inf), axis=-1)
+        if self.window is not None:  # keys within the `window` most recent, the query's own
+            pos = ctx.positions
+            mask &= pos[:, None] - pos[None, :] < self.window
+        logits = jnp.where(mask[None], logits, -jnp.inf)
+        if self.sinks:  # an extra column per head: the sink's logit, with a zero value row
+            sink = jnp.broadcast_to(
+                params["sinks"].astype(F32)[:, None, None], (*logits.shape[:2], 1)
+            )
+            probs = jax.nn.softmax(jnp.concatenate([logits, sink], -1), axis=-1)[..., :-1]
+        else:
+            probs = jax.nn.softmax(logits, axis=-1)
         o = jnp.einsum("htu,uhd->thd", probs, vv).reshape(t, -1)
         cache, arena = jax.lax.optimization_barrier((cache, arena))
         arena = put(env.plan, arena, "attn_output", o)
@@ -138,6 +201,8 @@ class Attention(Block):
         arena = splitk_decode_attention_into(
             arena, env.plan, q.astype(BF16), cache["k"], cache["v"], ctx.block_tables,
             ctx.seq_lens, levers=env.levers, target=env.target, interpret=env.interpret,
+            sm_scale=self.scale, window_size=self.window, softcap=self.softcap,
+            sinks=params["sinks"].astype(F32) if self.sinks else None,
         )  # fmt: skip
         arena, out = self._out(env, params, arena, ctx.num_tokens)
         return arena, cache, out

@@ -19,7 +19,9 @@ from jaxarena.models.core.arena import get, linear, put
 
 __all__ = ["MLP", "FFN_QUANT_REGIONS", "MLP_ACTS"]
 
-MLP_ACTS = ("relu2", "swiglu")
+MLP_ACTS = ("relu2", "swiglu", "geglu_tanh")
+# Gated MLPs: `down(act(gate x) * up x)`.
+_GATES = {"swiglu": jax.nn.silu, "geglu_tanh": lambda x: jax.nn.gelu(x, approximate=True)}
 # The FFN down projection quantizes into the dense-FFN activation buffers (when its K, the
 # intermediate size, is a multiple of 128; see `workspaces.ffn_fp8_uses_seed_regions`).
 FFN_QUANT_REGIONS = ("ffn_act_a", "ffn_act_scale", "ffn_act_scale_kmajor")
@@ -30,7 +32,7 @@ class MLP(Block):
     """A dense MLP block (see the module docstring); no cache.
 
     Attributes:
-      act: `"relu2"` or `"swiglu"`.
+      act: `"relu2"`, `"swiglu"` or `"geglu_tanh"` (Gemma's `gelu_pytorch_tanh` gate).
       fp8_acts: the projections multiply FP8-quantized activations even when their weights
         are float (the reference hybrid model's choice).
 
@@ -50,7 +52,7 @@ class MLP(Block):
         """Random projections (the down projection scaled by 0.5)."""
         h, inter = config.hidden_size, config.intermediate_size
         p = {}
-        if self.act == "swiglu":
+        if self.act in _GATES:
             p["w_gate"] = dense_init(keys, h, inter)
         p["w_up"] = dense_init(keys, h, inter)
         p["w_down"] = dense_init(keys, inter, h) * 0.5
@@ -61,7 +63,7 @@ class MLP(Block):
         """`{prefix}.{gate,up,down}_proj` (no gate with `relu2`)."""
         h, inter = config.hidden_size, config.intermediate_size
         p = {"norm": reader.vector(norm, h)}
-        if self.act == "swiglu":
+        if self.act in _GATES:
             p["w_gate"] = reader.linear(f"{prefix}.gate_proj", inter, h)
         p["w_up"] = reader.linear(f"{prefix}.up_proj", inter, h)
         p["w_down"] = reader.linear(f"{prefix}.down_proj", h, inter)
@@ -73,7 +75,7 @@ class MLP(Block):
         h, inter = c.hidden_size, c.intermediate_size
         quant = self.fp8_acts
         act_regions = workspaces.FP8_ACT_REGIONS
-        if self.act == "swiglu":
+        if self.act in _GATES:
             arena, g = linear(plan, arena, "norm_output", (t, h), p["w_gate"], act_regions,
                               quant=quant, interpret=it)  # fmt: skip
             arena = put(plan, arena, "expert_gate_out", g)
@@ -84,7 +86,7 @@ class MLP(Block):
             arena = put(plan, arena, "expert_up_out", u)
             g = get(plan, arena, "expert_gate_out", (t, inter))
             u = get(plan, arena, "expert_up_out", (t, inter))
-            arena = put(plan, arena, "expert_up_out", jax.nn.silu(g) * u)
+            arena = put(plan, arena, "expert_up_out", _GATES[self.act](g) * u)
         else:
             arena, up = linear(plan, arena, "norm_output", (t, h), p["w_up"], act_regions,
                                quant=quant, interpret=it)  # fmt: skip

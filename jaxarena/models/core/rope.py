@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-__all__ = ["rope"]
+__all__ = ["rope", "rope_table"]
 
 
 def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
@@ -17,3 +17,20 @@ def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
     cos, sin = jnp.cos(ang)[:, None, :], jnp.sin(ang)[:, None, :]
     x1, x2 = x[..., : d // 2], x[..., d // 2 :]
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
+
+
+def rope_table(x: jax.Array, positions: jax.Array, inv_freq: tuple[float, ...],
+               scaling: float = 1.0) -> jax.Array:  # fmt: skip
+    """Rotary embedding (rotate-half form) of the first `2 * len(inv_freq)` channels of
+    `x [T, heads, D]` at `positions int32[T]`, with float32 angles `positions * inv_freq` and
+    cos / sin multiplied by `scaling`; the remaining channels pass through (partial rotary).
+    `inv_freq` and `scaling` come from `jaxarena.models.core.rope_params.rope_spec`."""
+    r = 2 * len(inv_freq)
+    inv = jnp.asarray(inv_freq, jnp.float32)
+    ang = positions.astype(jnp.float32)[:, None] * inv[None, :]
+    cos, sin = jnp.cos(ang)[:, None, :] * scaling, jnp.sin(ang)[:, None, :] * scaling
+    x1, x2 = x[..., : r // 2], x[..., r // 2 : r]
+    out = [x1 * cos - x2 * sin, x2 * cos + x1 * sin]
+    if r < x.shape[-1]:
+        out.append(x[..., r:])
+    return jnp.concatenate(out, -1)

@@ -6,14 +6,17 @@ from __future__ import annotations
 from pathlib import Path
 
 from jaxarena.models.families.base import Family, unsupported
+from jaxarena.models.families.gemma import Gemma2, Gemma3
 from jaxarena.models.families.llama import Llama
 from jaxarena.models.families.mamba2 import Mamba2Family
 from jaxarena.models.families.nemotron_h import NemotronH
+from jaxarena.models.families.qwen2 import Qwen2
 from jaxarena.models.families.qwen3 import Qwen3
 
 __all__ = ["FAMILIES", "SUPPORTED_FAMILIES", "family_for"]
 
-_FAMILY_LIST: tuple[Family, ...] = (Llama(), Qwen3(), Mamba2Family(), NemotronH())
+_FAMILY_LIST: tuple[Family, ...] = (Llama(), Qwen3(), Mamba2Family(), NemotronH(), Qwen2(),
+                                   Gemma2(), Gemma3())  # fmt: skip
 FAMILIES: dict[str, Family] = {t: f for f in _FAMILY_LIST for t in f.model_types}
 SUPPORTED_FAMILIES = tuple(FAMILIES)
 
