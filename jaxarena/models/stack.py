@@ -45,11 +45,14 @@ class Arch:
       blocks: the residual blocks, in order (`jaxarena.models.blocks` instances).
       rms_eps: epsilon of the block pre-norms and the final norm.
       tie_embeddings: the LM head is the embedding matrix (no `lm_head` parameter).
+      norm_offset: the pre-norms and the final norm scale by `w + norm_offset` (1 for the
+        zero-centred `(1 + w)` norms of Qwen3-Next / Qwen3.5).
     """
 
     blocks: tuple[Block, ...]
     rms_eps: float = 1e-5
     tie_embeddings: bool = False
+    norm_offset: float = 0.0
 
     def __post_init__(self) -> None:
         bad = [b for b in self.blocks if not isinstance(b, Block)]
@@ -133,7 +136,8 @@ class ArenaLM:
         blocks = zip(self.arch.cache_keys, self.arch.blocks, params["layers"], strict=True)
         for key, block, p in blocks:
             arena = put(plan, arena, "residual", get(plan, arena, "hidden_states", h_shape))
-            normed = rms_norm(get(plan, arena, "hidden_states", h_shape), p["norm"], eps)
+            normed = rms_norm(get(plan, arena, "hidden_states", h_shape), p["norm"], eps,
+                              self.arch.norm_offset)  # fmt: skip
             arena = put(plan, arena, "norm_output", normed)
             step = block.prefill if mode == "prefill" else block.decode
             arena, cache, out = step(env, p, arena, caches[key], ctx)
@@ -146,7 +150,7 @@ class ArenaLM:
         """Final norm and LM head of the hidden rows `rows` (indices) into `logits`."""
         c = self.config
         h = get(self.plan, arena, "hidden_states", (t, c.hidden_size))[rows]
-        h = rms_norm(h, params["final_norm"], self.arch.rms_eps)
+        h = rms_norm(h, params["final_norm"], self.arch.rms_eps, self.arch.norm_offset)
         head = params["embed"].T if self.arch.tie_embeddings else params["lm_head"]
         arena = put(self.plan, arena, "logits", h @ head.astype(F32))
         return arena, get(self.plan, arena, "logits", (rows.shape[0], c.vocab_size))
