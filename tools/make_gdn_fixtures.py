@@ -66,8 +66,11 @@ def _qwen3_5_text_config() -> Qwen3_5TextConfig:
         linear_num_value_heads=2,
         linear_value_head_dim=128,
         linear_conv_kernel_dim=4,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                         "partial_rotary_factor": 0.25},  # fmt: skip
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.25,
+        },  # fmt: skip
         max_position_embeddings=128,
         rms_norm_eps=1e-6,
         tie_word_embeddings=False,

@@ -1,0 +1,181 @@
+"""Qwen3.5 (Gated DeltaNet + gated attention) checkpoints on the arena against transformers'
+float32 outputs (fixture `qwen3_5_text`, tools/make_gdn_fixtures.py).
+
+Tolerance: the derivation of tests/models/test_pretrained.py (bf16 stores on the path to a
+logit, each a relative perturbation of at most u = 2^-9 of a normalised activation carried
+with gain <= 1; atol = 4 u sqrt(n / 3) max|z|), with the roundings of the new blocks:
+  - Gated DeltaNet: `ssm_qkvz`, `ssm_ba`, the chunked kernel's bf16 intermediates (W, U, the
+    chunk-entry state S and v_new; decode keeps its state in f32 and has fewer), the gated
+    norm in `attn_output` (7); the conv output and the gates are stored in f32 (exact);
+  - gated attention: `qkv_output`, the bf16 q/k/v of the KV cache, `attn_output`, and
+    `attn_output` again after the sigmoid gate (4);
+  - plus, as before, 2 per block (`norm_output`, `hidden_states`), 4 per SwiGLU MLP and the
+    `logits` store.
+For the fixture (gdn, mlp, attention, mlp): n = 9 + 6 + 6 + 6 + 1 = 28, max|z| = 6.30,
+atol = 0.150; measured at the time of writing: 0.064 (prefill), 0.066 (decode).
+
+Greedy tokens are compared where transformers' top-2 gap exceeds 2 atol and the earlier
+tokens agree (test_pretrained.py); decode logits where the earlier tokens agree.
+
+The fixture's GDN conv taps are N(0, 1) so that the gated RMSNorm's input stays above its
+`sqrt(eps)` (see tools/make_gdn_fixtures.py): below it, a sequence's first-token output is
+proportional to `q . k`, whose cancellation amplifies one bf16 rounding ~10x, and the bound
+above (gain <= 1) does not hold.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from lm_runs import CHECKPOINTS, reference
+from test_pretrained import U_BF16, decided_and_same_context, max_abs_logit, top2_gap
+
+from jaxarena import ModelConfig
+from jaxarena.models.checkpoint import open_checkpoint
+from jaxarena.models.families.registry import family_for
+
+NAME = "qwen3_5_text"
+ROUNDINGS = {"gdn": 2 + 7, "attention": 2 + 4, "mlp": 2 + 4}
+
+
+def atol_of(lm, ref) -> float:
+    n = 1 + sum(ROUNDINGS[k] for k in lm.model.arch.kinds)
+    return 4 * U_BF16 * math.sqrt(n / 3) * max_abs_logit(ref)
+
+
+def test_arch_is_gdn_then_gated_attention(runs):
+    lm = runs.lm(NAME)
+    assert lm.model.arch.kinds == ("gdn", "mlp", "attention", "mlp")
+    assert lm.model.arch.norm_offset == 1.0
+    gdn, attn = lm.model.arch.blocks[0], lm.model.arch.blocks[2]
+    assert (gdn.conv_kernel, gdn.interleaved) == (4, False)
+    assert (attn.gated, attn.rotary_dim, attn.qk_norm, attn.norm_offset) == (True, 16, True, 1.0)
+
+
+def test_prefill_logits_match_transformers(runs):
+    r = runs.run(NAME)
+    atol = atol_of(runs.lm(NAME), r["ref"])
+    assert atol < 0.2
+    for i, (got, want) in enumerate(zip(r["prefill"], r["ref"]["prefill"], strict=True)):
+        assert got.shape == want.shape and got.dtype == np.float32
+        np.testing.assert_allclose(got, want, atol=atol, rtol=0, err_msg=f"prompt {i}")
+
+
+def test_greedy_decode_matches_transformers(runs):
+    """Prompts of 1, 5, 11 and 16 tokens packed into one prefill, then 7 decode steps."""
+    r = runs.run(NAME)
+    ref = r["ref"]
+    atol = atol_of(runs.lm(NAME), ref)
+    want = ref["greedy_tokens"]
+    same = decided_and_same_context(np.full(want.shape, np.inf), r["tokens"], want, 0.0)
+    diff = np.abs(r["logits"] - ref["greedy_logits"]).max(-1)
+    np.testing.assert_array_less(diff[same], atol)
+    mask = decided_and_same_context(ref["greedy_top2_gap"], r["tokens"], want, 2 * atol)
+    assert mask.sum() >= 0.4 * mask.size, f"only {mask.sum()} of {mask.size} choices decided"
+    np.testing.assert_array_equal(r["tokens"][mask], want[mask])
+
+
+def test_decode_loop_equals_teacher_forcing(runs):
+    r = runs.run(NAME)
+    atol = atol_of(runs.lm(NAME), r["ref"])
+    np.testing.assert_allclose(r["logits"], r["forced"], atol=2 * atol, rtol=0)
+    mask = top2_gap(r["forced"]) > 4 * atol
+    assert mask.sum() >= 0.2 * mask.size, f"only {mask.sum()} of {mask.size} choices decided"
+    np.testing.assert_array_equal(r["tokens"][mask], np.argmax(r["forced"], -1)[mask])
+
+
+def test_decode_traced_once_in_place_guards_intact(runs):
+    runs.run(NAME)
+    lm = runs.lm(NAME)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "donated buffers were not usable" would fail here
+        lm.generate(reference(NAME)["prompts"][:2], 3)
+    assert lm.decode_counter.count == 1
+    assert lm.arena.unsafe_buffer_pointer() == lm.arena_pointer
+    assert lm.model.plan.check_guards(lm.arena) == []
+    mem = lm.step_memory("decode")
+    assert mem["alias"] >= lm.arena_bytes + lm.cache_bytes
+    assert mem["temp"] < lm.arena_bytes, mem
+
+
+def _bf16(x: np.ndarray) -> np.ndarray:
+    return np.asarray(x, np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)
+
+
+def test_gdn_regions_hold_what_the_block_docstring_says(runs):
+    """After a one-prompt prefill the GDN regions hold layer 0's values (the only GDN layer;
+    the attention layer writes none of them). Recomputed here in float64 from the checkpoint
+    and the stored bf16 projections: `ssm_conv_out_f32` = silu(conv1d of ssm_qkvz's q|k|v),
+    `ssm_gates` = [g | beta], and the scratch's `gc` row = the within-chunk cumsum of g.
+    Bounds: f32 rounding of a few f32 operations on O(10) values (1e-5 absolute)."""
+    lm = runs.lm(NAME)
+    prompt = reference(NAME)["prompts"][3]
+    t = len(prompt)
+    lm.prefill_logits(prompt)
+    c, plan, arena = lm.config, lm.model.plan, lm.arena
+    ckpt = open_checkpoint(CHECKPOINTS / NAME)
+    w = {k: np.asarray(ckpt[k], np.float64) for k in ckpt}
+    pre = "model.layers.0.linear_attn."
+    nv = c.linear_num_value_heads
+    conv_dim = 2 * 128 + nv * 128
+    view = lambda name, shape, dt: np.asarray(plan.view(arena, name, shape, dt), np.float64)  # noqa: E731
+    qkvz = view("ssm_qkvz", (t, c.ssm_qkvz_size), jnp.bfloat16)
+    ba = view("ssm_ba", (t, 2 * nv), jnp.bfloat16)
+    # ssm_qkvz holds the projection of layer 0's normed input (a bf16 store of it).
+    x = w["model.embed_tokens.weight"][prompt]
+    h = x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6)
+    h = _bf16(h * (1 + w["model.layers.0.input_layernorm.weight"]))
+    proj = np.concatenate(
+        [h @ w[pre + "in_proj_qkv.weight"].T, h @ w[pre + "in_proj_z.weight"].T], 1
+    )
+    np.testing.assert_allclose(qkvz, proj, atol=0, rtol=2**-8)
+    taps = w[pre + "conv1d.weight"][:, 0, :]  # [conv_dim, 4]
+    xin = np.concatenate([np.zeros((3, conv_dim)), qkvz[:, :conv_dim]])
+    conv = sum(xin[j : j + t] * taps[:, j] for j in range(4))
+    np.testing.assert_allclose(view("ssm_conv_out_f32", (t, conv_dim), jnp.float32),
+                               conv / (1 + np.exp(-conv)), atol=1e-5, rtol=0)  # fmt: skip
+    b, a = ba[:, :nv], ba[:, nv:]
+    g = -np.exp(w[pre + "A_log"]) * np.log1p(np.exp(a + w[pre + "dt_bias"]))
+    gates = view("ssm_gates", (t, 2 * nv), jnp.float32)
+    np.testing.assert_allclose(gates, np.concatenate([g, 1 / (1 + np.exp(-b))], 1), atol=1e-5)
+    lo = plan.regions["gdn_fla_scratch"].offset_bytes
+    from jaxarena.workspaces import gdn_fla_scratch_layout
+
+    gc_off, _ = gdn_fla_scratch_layout(nv, lm.model.max_batch_tokens)["gc"]
+    raw = np.asarray(arena).reshape(-1)[lo + gc_off : lo + gc_off + nv * 256]
+    gc = raw.view(np.float32).reshape(nv, 64)[:, :t]  # chunk slot 0: the prompt's one chunk
+    np.testing.assert_allclose(gc, np.cumsum(g, 0).T, atol=1e-4)
+
+
+def test_real_config_shapes():
+    """The bundled Qwen3.5-35B-A3B preset: its MoE layers are refused with a clear error; the
+    same config with a dense MLP builds 30 GDN and 10 gated-attention mixers with rotary dim
+    64 (0.25 x 256) and 4-tap convs."""
+    import json
+    from pathlib import Path
+
+    import jaxarena
+
+    preset = Path(jaxarena.__file__).parent / "presets" / "qwen3.5-35b-a3b.json"
+    raw = json.loads(preset.read_text())
+    path = Path("/checkpoints/qwen3.5")
+    moe = ModelConfig.from_hf(raw)
+    with pytest.raises(NotImplementedError, match="MoE"):
+        family_for(raw["model_type"], path).arch(raw["model_type"], raw, moe, path, 4096)
+    dense = json.loads(json.dumps(raw))
+    dense["model_type"] = "qwen3_5"
+    for key in ("num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                "shared_expert_intermediate_size"):  # fmt: skip
+        dense["text_config"].pop(key)
+    dense["text_config"].update(model_type="qwen3_5_text", intermediate_size=6144)
+    cfg = ModelConfig.from_hf(dense)
+    arch = family_for("qwen3_5", path).arch("qwen3_5", dense, cfg, path, 4096)
+    kinds = arch.kinds[::2]
+    assert (kinds.count("gdn"), kinds.count("attention")) == (30, 10)
+    assert kinds[3] == "attention" and kinds[:3] == ("gdn",) * 3
+    assert arch.blocks[6].rotary_dim == 64 and arch.blocks[0].conv_kernel == 4
