@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import warnings
 
+import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
@@ -38,6 +39,7 @@ from test_pretrained import U_BF16, decided_and_same_context, max_abs_logit, top
 from jaxarena import ModelConfig
 from jaxarena.models.checkpoint import open_checkpoint
 from jaxarena.models.families.registry import family_for
+from pallas_kernels import gdn_state_update
 
 NAME = "qwen3_5_text"
 ROUNDINGS = {"gdn": 2 + 7, "attention": 2 + 4, "mlp": 2 + 4}
@@ -100,7 +102,28 @@ def test_decode_traced_once_in_place_guards_intact(runs):
     assert lm.model.plan.check_guards(lm.arena) == []
     mem = lm.step_memory("decode")
     assert mem["alias"] >= lm.arena_bytes + lm.cache_bytes
-    assert mem["temp"] < lm.arena_bytes, mem
+    # A copy of the arena would need at least its bytes of temp. On CPU the decode kernel
+    # runs in the Pallas interpreter, which keeps its own copies of the state cache (measured:
+    # 6.3 MB of temp with it, 2.1 MB with a jnp stand-in); that kernel's temp, compiled on its
+    # own for the same cache and batch, is allowed on top.
+    assert mem["temp"] < lm.arena_bytes + _state_update_temp(lm), mem
+
+
+def _state_update_temp(lm) -> int:
+    """Temp bytes of `gdn_state_update` alone on this model's state cache and decode batch."""
+    key = next(k for k in lm.caches if k.startswith("gdn."))
+    state = lm.caches[key]["state"]
+    b, (_, nv, dk, dv) = lm.model.max_batch_size, state.shape
+    q = jax.ShapeDtypeStruct((b, lm.config.linear_num_key_heads, dk), jnp.float32)
+    v = jax.ShapeDtypeStruct((b, nv, dv), jnp.float32)
+    g = jax.ShapeDtypeStruct((b, nv), jnp.float32)
+
+    def step(st, q, k, v, g, beta):
+        return gdn_state_update(st, q, k, v, g, beta, use_qk_l2norm=True)
+
+    fn = jax.jit(step, donate_argnums=0)
+    compiled = fn.lower(jax.ShapeDtypeStruct(state.shape, state.dtype), q, q, v, g, g).compile()
+    return compiled.memory_analysis().temp_size_in_bytes
 
 
 def _bf16(x: np.ndarray) -> np.ndarray:
@@ -153,7 +176,7 @@ def test_gdn_regions_hold_what_the_block_docstring_says(runs):
 
 
 def test_real_config_shapes():
-    """The bundled Qwen3.5-35B-A3B preset: its MoE layers are refused with a clear error; the
+    """The bundled Qwen3.5-35B-A3B preset: `qwen3_5_moe` and MoE layers are refused clearly; the
     same config with a dense MLP builds 30 GDN and 10 gated-attention mixers with rotary dim
     64 (0.25 x 256) and 4-tap convs."""
     import json
@@ -165,8 +188,10 @@ def test_real_config_shapes():
     raw = json.loads(preset.read_text())
     path = Path("/checkpoints/qwen3.5")
     moe = ModelConfig.from_hf(raw)
-    with pytest.raises(NotImplementedError, match="MoE"):
-        family_for(raw["model_type"], path).arch(raw["model_type"], raw, moe, path, 4096)
+    with pytest.raises(NotImplementedError, match="model_type='qwen3_5_moe' is not supported"):
+        family_for(raw["model_type"], path)
+    with pytest.raises(NotImplementedError, match="MoE layers are not implemented"):
+        family_for("qwen3_5", path).arch("qwen3_5", raw, moe, path, 4096)
     dense = json.loads(json.dumps(raw))
     dense["model_type"] = "qwen3_5"
     for key in ("num_experts", "num_experts_per_tok", "moe_intermediate_size",
