@@ -23,6 +23,12 @@ about 3e-4, below the gated RMSNorm's ``sqrt(eps) = 1e-3``, where the norm's out
 proportional to its input and so inherits the cancellation in ``q . k`` (a 13% change from
 one bf16 rounding of the projection on one prompt): an ill-conditioned fixture, not a model
 property. With ``N(0, 1)`` taps the norm sees inputs well above its eps.
+
+* ``qwen3_next``: ``Qwen3NextForCausalLM`` without experts (``num_experts = 0``: dense MLPs),
+  same layer pattern; the GDN has two key heads of 128 and four value heads of 128, so its
+  fused ``in_proj_qkvz`` / ``in_proj_ba`` outputs are interleaved per key-head group with two
+  value heads each; attention has 8 query heads of 64 (the GDN value width 512 fits the
+  ``attn_output`` region the attention width sizes).
 """
 
 from __future__ import annotations
@@ -33,7 +39,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+from transformers import (
+    Qwen3_5ForCausalLM,
+    Qwen3_5TextConfig,
+    Qwen3NextConfig,
+    Qwen3NextForCausalLM,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_fixtures import (  # noqa: E402
@@ -79,6 +90,33 @@ def _qwen3_5_text_config() -> Qwen3_5TextConfig:
     )
 
 
+def _qwen3_next_config() -> Qwen3NextConfig:
+    return Qwen3NextConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        layer_types=["linear_attention", "full_attention"],
+        full_attention_interval=2,
+        num_experts=0,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=64,
+        linear_num_key_heads=2,
+        linear_key_head_dim=128,
+        linear_num_value_heads=4,
+        linear_value_head_dim=128,
+        linear_conv_kernel_dim=4,
+        partial_rotary_factor=0.25,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        max_position_embeddings=128,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        initializer_range=INIT_RANGE,
+        **NO_SPECIAL,
+    )
+
+
 def _perturb_gdn(model: torch.nn.Module, gen: torch.Generator) -> None:
     """Moves the parameters that init leaves at constants away from them (module doc)."""
     with torch.no_grad():
@@ -98,7 +136,10 @@ def _perturb_gdn(model: torch.nn.Module, gen: torch.Generator) -> None:
                 p.copy_(noise)
 
 
-FAMILIES = {"qwen3_5_text": (Qwen3_5ForCausalLM, _qwen3_5_text_config)}
+FAMILIES = {
+    "qwen3_5_text": (Qwen3_5ForCausalLM, _qwen3_5_text_config),
+    "qwen3_next": (Qwen3NextForCausalLM, _qwen3_next_config),
+}
 
 
 def build(out: Path) -> None:

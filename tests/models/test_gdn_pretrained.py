@@ -41,7 +41,7 @@ from jaxarena.models.checkpoint import open_checkpoint
 from jaxarena.models.families.registry import family_for
 from pallas_kernels import gdn_state_update
 
-NAME = "qwen3_5_text"
+NAMES = ("qwen3_5_text", "qwen3_next")
 ROUNDINGS = {"gdn": 2 + 7, "attention": 2 + 4, "mlp": 2 + 4}
 
 
@@ -50,29 +50,32 @@ def atol_of(lm, ref) -> float:
     return 4 * U_BF16 * math.sqrt(n / 3) * max_abs_logit(ref)
 
 
-def test_arch_is_gdn_then_gated_attention(runs):
-    lm = runs.lm(NAME)
+@pytest.mark.parametrize("name", NAMES)
+def test_arch_is_gdn_then_gated_attention(runs, name):
+    lm = runs.lm(name)
     assert lm.model.arch.kinds == ("gdn", "mlp", "attention", "mlp")
     assert lm.model.arch.norm_offset == 1.0
     gdn, attn = lm.model.arch.blocks[0], lm.model.arch.blocks[2]
-    assert (gdn.conv_kernel, gdn.interleaved) == (4, False)
+    assert (gdn.conv_kernel, gdn.interleaved) == (4, name == "qwen3_next")
     assert (attn.gated, attn.rotary_dim, attn.qk_norm, attn.norm_offset) == (True, 16, True, 1.0)
 
 
-def test_prefill_logits_match_transformers(runs):
-    r = runs.run(NAME)
-    atol = atol_of(runs.lm(NAME), r["ref"])
+@pytest.mark.parametrize("name", NAMES)
+def test_prefill_logits_match_transformers(runs, name):
+    r = runs.run(name)
+    atol = atol_of(runs.lm(name), r["ref"])
     assert atol < 0.2
     for i, (got, want) in enumerate(zip(r["prefill"], r["ref"]["prefill"], strict=True)):
         assert got.shape == want.shape and got.dtype == np.float32
         np.testing.assert_allclose(got, want, atol=atol, rtol=0, err_msg=f"prompt {i}")
 
 
-def test_greedy_decode_matches_transformers(runs):
+@pytest.mark.parametrize("name", NAMES)
+def test_greedy_decode_matches_transformers(runs, name):
     """Prompts of 1, 5, 11 and 16 tokens packed into one prefill, then 7 decode steps."""
-    r = runs.run(NAME)
+    r = runs.run(name)
     ref = r["ref"]
-    atol = atol_of(runs.lm(NAME), ref)
+    atol = atol_of(runs.lm(name), ref)
     want = ref["greedy_tokens"]
     same = decided_and_same_context(np.full(want.shape, np.inf), r["tokens"], want, 0.0)
     diff = np.abs(r["logits"] - ref["greedy_logits"]).max(-1)
@@ -82,21 +85,23 @@ def test_greedy_decode_matches_transformers(runs):
     np.testing.assert_array_equal(r["tokens"][mask], want[mask])
 
 
-def test_decode_loop_equals_teacher_forcing(runs):
-    r = runs.run(NAME)
-    atol = atol_of(runs.lm(NAME), r["ref"])
+@pytest.mark.parametrize("name", NAMES)
+def test_decode_loop_equals_teacher_forcing(runs, name):
+    r = runs.run(name)
+    atol = atol_of(runs.lm(name), r["ref"])
     np.testing.assert_allclose(r["logits"], r["forced"], atol=2 * atol, rtol=0)
     mask = top2_gap(r["forced"]) > 4 * atol
     assert mask.sum() >= 0.2 * mask.size, f"only {mask.sum()} of {mask.size} choices decided"
     np.testing.assert_array_equal(r["tokens"][mask], np.argmax(r["forced"], -1)[mask])
 
 
-def test_decode_traced_once_in_place_guards_intact(runs):
-    runs.run(NAME)
-    lm = runs.lm(NAME)
+@pytest.mark.parametrize("name", NAMES)
+def test_decode_traced_once_in_place_guards_intact(runs, name):
+    runs.run(name)
+    lm = runs.lm(name)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # "donated buffers were not usable" would fail here
-        lm.generate(reference(NAME)["prompts"][:2], 3)
+        lm.generate(reference(name)["prompts"][:2], 3)
     assert lm.decode_counter.count == 1
     assert lm.arena.unsafe_buffer_pointer() == lm.arena_pointer
     assert lm.model.plan.check_guards(lm.arena) == []
@@ -130,39 +135,63 @@ def _bf16(x: np.ndarray) -> np.ndarray:
     return np.asarray(x, np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)
 
 
-def test_gdn_regions_hold_what_the_block_docstring_says(runs):
+@pytest.mark.parametrize("name", NAMES)
+def test_gdn_regions_hold_what_the_block_docstring_says(runs, name):
     """After a one-prompt prefill the GDN regions hold layer 0's values (the only GDN layer;
     the attention layer writes none of them). Recomputed here in float64 from the checkpoint
-    and the stored bf16 projections: `ssm_conv_out_f32` = silu(conv1d of ssm_qkvz's q|k|v),
+    and the stored bf16 projections: `ssm_qkvz` = the projection (bf16: relative 2^-8),
+    Qwen3-Next's `ssm_deinterleaved` = its regrouping (exact copy), `ssm_conv_out_f32` =
+    silu(conv1d of the sequential q|k|v),
     `ssm_gates` = [g | beta], and the scratch's `gc` row = the within-chunk cumsum of g.
     Bounds: f32 rounding of a few f32 operations on O(10) values (1e-5 absolute)."""
-    lm = runs.lm(NAME)
-    prompt = reference(NAME)["prompts"][3]
+    lm = runs.lm(name)
+    prompt = reference(name)["prompts"][3]
     t = len(prompt)
     lm.prefill_logits(prompt)
     c, plan, arena = lm.config, lm.model.plan, lm.arena
-    ckpt = open_checkpoint(CHECKPOINTS / NAME)
+    ckpt = open_checkpoint(CHECKPOINTS / name)
     w = {k: np.asarray(ckpt[k], np.float64) for k in ckpt}
     pre = "model.layers.0.linear_attn."
-    nv = c.linear_num_value_heads
-    conv_dim = 2 * 128 + nv * 128
-    view = lambda name, shape, dt: np.asarray(plan.view(arena, name, shape, dt), np.float64)  # noqa: E731
+    nk, nv, r = (
+        c.linear_num_key_heads,
+        c.linear_num_value_heads,
+        c.linear_num_value_heads // c.linear_num_key_heads,
+    )
+    conv_dim = 2 * nk * 128 + nv * 128
+
+    def view(name, shape, dt):
+        return np.asarray(plan.view(arena, name, shape, dt), np.float64)
+
     qkvz = view("ssm_qkvz", (t, c.ssm_qkvz_size), jnp.bfloat16)
     ba = view("ssm_ba", (t, 2 * nv), jnp.bfloat16)
     # ssm_qkvz holds the projection of layer 0's normed input (a bf16 store of it).
     x = w["model.embed_tokens.weight"][prompt]
     h = x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6)
     h = _bf16(h * (1 + w["model.layers.0.input_layernorm.weight"]))
-    proj = np.concatenate(
-        [h @ w[pre + "in_proj_qkv.weight"].T, h @ w[pre + "in_proj_z.weight"].T], 1
-    )
+    if name == "qwen3_next":
+        proj = h @ w[pre + "in_proj_qkvz.weight"].T
+        # ssm_deinterleaved: per key-head group [q_g | k_g | v_g (r heads) | z_g (r heads)]
+        # regrouped as [all q | all k | all v | all z], a copy of the stored values.
+        groups = qkvz.reshape(t, nk, -1)
+        cuts = [0, 128, 256, 256 + r * 128, 256 + 2 * r * 128]
+        seq = np.concatenate(
+            [groups[:, :, a:b].reshape(t, -1) for a, b in zip(cuts[:-1], cuts[1:], strict=True)], 1
+        )
+        np.testing.assert_array_equal(view("ssm_deinterleaved", seq.shape, jnp.bfloat16), seq)
+        ba4 = ba.reshape(t, nk, 2, r)
+        b, a = ba4[:, :, 0].reshape(t, nv), ba4[:, :, 1].reshape(t, nv)
+    else:
+        proj = np.concatenate(
+            [h @ w[pre + "in_proj_qkv.weight"].T, h @ w[pre + "in_proj_z.weight"].T], 1
+        )
+        seq = qkvz
+        b, a = ba[:, :nv], ba[:, nv:]
     np.testing.assert_allclose(qkvz, proj, atol=0, rtol=2**-8)
     taps = w[pre + "conv1d.weight"][:, 0, :]  # [conv_dim, 4]
-    xin = np.concatenate([np.zeros((3, conv_dim)), qkvz[:, :conv_dim]])
+    xin = np.concatenate([np.zeros((3, conv_dim)), seq[:, :conv_dim]])
     conv = sum(xin[j : j + t] * taps[:, j] for j in range(4))
     np.testing.assert_allclose(view("ssm_conv_out_f32", (t, conv_dim), jnp.float32),
                                conv / (1 + np.exp(-conv)), atol=1e-5, rtol=0)  # fmt: skip
-    b, a = ba[:, :nv], ba[:, nv:]
     g = -np.exp(w[pre + "A_log"]) * np.log1p(np.exp(a + w[pre + "dt_bias"]))
     gates = view("ssm_gates", (t, 2 * nv), jnp.float32)
     np.testing.assert_allclose(gates, np.concatenate([g, 1 / (1 + np.exp(-b))], 1), atol=1e-5)
