@@ -2,7 +2,8 @@
 
 Families (`model_type` of `config.json`, `jaxarena.models.families.registry`): `llama`,
 `mistral`, `qwen3` (q/k norms), `mamba2` and `nemotron_h` (Mamba-2, attention and relu^2 MLP
-blocks; no MoE blocks). Checkpoints may be
+blocks; no MoE blocks), `qwen3_5` / `qwen3_5_text` and `qwen3_next` (Gated DeltaNet and gated
+attention blocks, dense MLPs only). Checkpoints may be
 FP8 block-quantized (`quantization_config = {"quant_method": "fp8", "weight_block_size":
 [128, 128]}`, the Qwen3-*-FP8 / DeepSeek-V3 format): their linear weights stay
 `float8_e4m3fn` on the device with their f32 `weight_scale_inv` block scales, activations are

@@ -1,5 +1,5 @@
 """Qwen3.5 (Gated DeltaNet + gated attention) checkpoints on the arena against transformers'
-float32 outputs (fixture `qwen3_5_text`, tools/make_gdn_fixtures.py).
+float32 outputs (fixtures `qwen3_5_text` and `qwen3_next`, tools/make_gdn_fixtures.py).
 
 Tolerance: the derivation of tests/models/test_pretrained.py (bf16 stores on the path to a
 logit, each a relative perturbation of at most u = 2^-9 of a normalised activation carried
@@ -11,8 +11,10 @@ with gain <= 1; atol = 4 u sqrt(n / 3) max|z|), with the roundings of the new bl
     `attn_output` again after the sigmoid gate (4);
   - plus, as before, 2 per block (`norm_output`, `hidden_states`), 4 per SwiGLU MLP and the
     `logits` store.
-For the fixture (gdn, mlp, attention, mlp): n = 9 + 6 + 6 + 6 + 1 = 28, max|z| = 6.30,
-atol = 0.150; measured at the time of writing: 0.064 (prefill), 0.066 (decode).
+For both fixtures (gdn, mlp, attention, mlp): n = 9 + 6 + 6 + 6 + 1 = 28; qwen3_5_text
+max|z| = 6.30, atol = 0.150, measured at the time of writing 0.064 (prefill) and 0.066
+(decode, same context), 31 of 32 greedy tokens equal (the other follows a near-tie, gap
+0.034); qwen3_next max|z| = 6.84, atol = 0.163, measured 0.060 and 0.065, 32 of 32.
 
 Greedy tokens are compared where transformers' top-2 gap exceeds 2 atol and the earlier
 tokens agree (test_pretrained.py); decode logits where the earlier tokens agree.
@@ -233,3 +235,50 @@ def test_real_config_shapes():
     assert (kinds.count("gdn"), kinds.count("attention")) == (30, 10)
     assert kinds[3] == "attention" and kinds[:3] == ("gdn",) * 3
     assert arch.blocks[6].rotary_dim == 64 and arch.blocks[0].conv_kernel == 4
+
+
+def _write_safetensors(path, tensors: dict[str, np.ndarray]) -> None:
+    """A minimal safetensors writer (header length, JSON header, data), numpy only."""
+    import json
+    import struct
+
+    names = {"bfloat16": "BF16", "float32": "F32"}
+    header, blobs, off = {}, [], 0
+    for name, arr in tensors.items():
+        data = np.ascontiguousarray(arr).tobytes()
+        header[name] = {"dtype": names[arr.dtype.name], "shape": list(arr.shape),
+                        "data_offsets": [off, off + len(data)]}  # fmt: skip
+        blobs.append(data)
+        off += len(data)
+    head = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(head)) + head + b"".join(blobs))
+
+
+def test_conditional_generation_layout_reads_the_text_model(runs, tmp_path):
+    """A `Qwen3_5ForConditionalGeneration` checkpoint (`model_type = "qwen3_5"`, the text
+    config under `text_config`, tensors under `model.language_model`, a vision tower) loads
+    its language model only and computes what the text-only checkpoint computes."""
+    import json
+
+    from lm_runs import LIMITS
+
+    from jaxarena.models import load_pretrained
+
+    src = CHECKPOINTS / "qwen3_5_text"
+    ckpt = open_checkpoint(src)
+    tensors = {}
+    for k in ckpt:
+        new = k if k == "lm_head.weight" else k.replace("model.", "model.language_model.", 1)
+        tensors[new] = np.asarray(ckpt[k])
+    tensors["model.visual.patch_embed.proj.weight"] = np.zeros((4, 4), ml_dtypes.bfloat16)
+    _write_safetensors(tmp_path / "model.safetensors", tensors)
+    text = json.loads((src / "config.json").read_text())
+    top = {"model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"],
+           "tie_word_embeddings": text["tie_word_embeddings"], "text_config": text}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(top))
+    lm = load_pretrained(tmp_path, **LIMITS)
+    assert lm.model.arch == runs.lm("qwen3_5_text").model.arch
+    prompt = reference("qwen3_5_text")["prompts"][2]
+    np.testing.assert_array_equal(
+        lm.prefill_logits(prompt), runs.lm("qwen3_5_text").prefill_logits(prompt)
+    )
