@@ -54,10 +54,23 @@ def fp8_quant_dequant(x, block=128):
     return (q.astype(F32) * scale).reshape(t, nb * block)[:, :k]
 
 
-class PlainHybrid:
-    """Same maths as `jaxarena.models.reference.hybrid.HybridModel`, written without the arena."""
+FP8_MODES = ("seed", "off", "all")
 
-    def __init__(self, config, params, max_len):
+
+class PlainHybrid:
+    """Same maths as `jaxarena.models.reference.hybrid.HybridModel`, written without the arena.
+
+    `fp8` says which MLP projection inputs take the FP8 round trip: "seed" (the model's rule:
+    the up projection always, the down projection when the intermediate size is a multiple of
+    128), "off" (none) or "all" (both, whatever the size). The last two are the models the
+    tests must tell apart from the arena model: one that skips FP8, one that does it where bf16
+    is claimed.
+    """
+
+    def __init__(self, config, params, max_len, *, fp8: str = "seed"):
+        if fp8 not in FP8_MODES:
+            raise ValueError(f"fp8={fp8!r}: must be one of {FP8_MODES}")
+        self.fp8 = fp8
         self.c = config
         self.p = {
             "embed": np.asarray(params["embed"]),
@@ -81,10 +94,12 @@ class PlainHybrid:
         return st
 
     def _mlp(self, p, n):
-        up = bf(np.maximum(fp8_quant_dequant(n) @ p["w_up"], 0.0) ** 2)
+        up_in = n if self.fp8 == "off" else fp8_quant_dequant(n)
+        up = bf(np.maximum(up_in @ p["w_up"], 0.0) ** 2)
         # The seed sizes the FFN k-major scales with floor(K / 128) columns, so a K that is not
         # a multiple of 128 stays bf16 (no FP8 round trip) for the down projection.
-        down_in = fp8_quant_dequant(up) if up.shape[-1] % 128 == 0 else up
+        down_fp8 = self.fp8 == "all" or (self.fp8 == "seed" and up.shape[-1] % 128 == 0)
+        down_in = fp8_quant_dequant(up) if down_fp8 else up
         return bf(down_in @ p["w_down"])
 
     def _mamba(self, p, n, st, i, b):

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -266,7 +269,13 @@ def test_a_buffer_has_one_colour_in_every_picture(drawn):
     # Every buffer of the seed has its own colour.
     names = list(BufferSizes.__dataclass_fields__)
     assert len({buffer_colour(n) for n in names}) == len(names)
-    assert buffer_colour("my_buffer") == buffer_colour("my_buffer")
+    # A name outside the seed gets its colour from the name's bytes, not from Python's
+    # per-process string hash: another interpreter with another hash seed agrees.
+    other = subprocess.run(
+        [sys.executable, "-c", "from jaxarena._figure import buffer_colour as c; print(c('my_b'))"],
+        env={**os.environ, "PYTHONHASHSEED": "7"}, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert other.stdout.strip() == buffer_colour("my_b")
 
 
 def test_every_buffer_is_labelled_or_in_the_legend(drawn):

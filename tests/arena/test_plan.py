@@ -6,7 +6,6 @@ import warnings
 
 import jax
 import jax.numpy as jnp
-import ml_dtypes
 import numpy as np
 import pytest
 
@@ -317,7 +316,6 @@ def test_sharded_arena_one_per_device_in_place():
         [jax.device_put(a, s.device) for a, s in zip(shards, arena.addressable_shards, strict=True)],
     )  # fmt: skip
     assert p.check_guards(broken) == ["acc"]
-    assert ml_dtypes  # float8 dtypes come from ml_dtypes; imported so the dependency is explicit
 
 
 def test_partial_row_writes_stay_in_place():

@@ -15,6 +15,7 @@ from jaxarena import presets
 
 PRESET_DIR = Path(jaxarena.__file__).parent / "presets"
 SHARED_MODELS = Path(__file__).resolve().parents[2].parent / "shared" / "models"
+PUBLISHED_COPIES = Path(__file__).resolve().parents[1] / "fixtures" / "published_models"
 
 
 # SHA-256 of the canonical JSON (sorted keys, no spaces) of each published model's config.json
@@ -65,13 +66,22 @@ def test_every_published_preset_has_a_digest():
     )
 
 
-def test_shared_model_files_agree_with_the_recorded_digests():
-    """When the design repository's shared/models is beside this checkout, its files still
-    match the digests (so a changed upstream config is noticed); otherwise nothing to compare."""
-    files = sorted(SHARED_MODELS.glob("*.json")) if SHARED_MODELS.is_dir() else []
-    for path in files:
-        if path.stem in PUBLISHED_CONFIG_SHA256:
-            assert (
-                _canonical_sha256(json.loads(path.read_text()))
-                == PUBLISHED_CONFIG_SHA256[path.stem]
-            ), path
+def test_published_model_files_agree_with_the_recorded_digests():
+    """Every recorded digest is that of a published config: the files of the design
+    repository's shared/models when it is beside this checkout (CI: a changed upstream config
+    is noticed), else the byte copies in tests/fixtures/published_models (a plain clone)."""
+    source = SHARED_MODELS if SHARED_MODELS.is_dir() else PUBLISHED_COPIES
+    for name, digest in PUBLISHED_CONFIG_SHA256.items():
+        path = source / f"{name}.json"
+        assert path.is_file(), f"{path} is missing: no published config to check {name!r} against"
+        assert _canonical_sha256(json.loads(path.read_text())) == digest, path
+
+
+def test_published_copies_are_the_shared_files():
+    """The fixture copies stay byte-identical to shared/models (checked where it is present)."""
+    if not SHARED_MODELS.is_dir():
+        pytest.skip(f"{SHARED_MODELS} is absent (a plain clone): the copies are checked by digest")
+    copies = sorted(p.name for p in PUBLISHED_COPIES.glob("*.json"))
+    assert copies == sorted(f"{name}.json" for name in PUBLISHED_CONFIG_SHA256)
+    for name in copies:
+        assert (PUBLISHED_COPIES / name).read_bytes() == (SHARED_MODELS / name).read_bytes(), name

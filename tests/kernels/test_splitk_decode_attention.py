@@ -115,7 +115,9 @@ def test_split_count_invariance():
         assert_close(out, ref, jnp.float32)
         outs[splits] = np.asarray(out)
     for splits, out in outs.items():
-        assert_close(out, outs[1], jnp.float32), splits
+        np.testing.assert_allclose(
+            out, outs[1], **tol("attention", jnp.float32), err_msg=f"num_splits={splits}"
+        )
 
 
 @settings(max_examples=10, deadline=None)
@@ -357,7 +359,8 @@ def _fill(plan, arena, rng):
 # Measured in CI's lowest-version job: on jax 0.8.3 the donated arena of this CPU
 # (interpret-mode) step is sometimes not reused for the output (the pointer changes, no
 # donation warning; it differs from run to run), while jax 0.10.2 updates it in place every
-# time. The GPU path aliases the whole arena (tests/gpu); every other check here runs on both.
+# time. The GPU path aliases the whole arena (tests/gpu); every other check here runs on both,
+# then the test reports the pointer check as skipped on the older JAX.
 _POINTER_CHECKED = tuple(int(v) for v in jax.__version__.split(".")[:2]) >= (0, 9)
 
 
@@ -384,8 +387,7 @@ def test_arena_form_writes_partials_and_output_only(align):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # "donated buffers were not usable" fails the test
         arena = compiled(arena, *args)
-    if _POINTER_CHECKED:
-        assert arena.unsafe_buffer_pointer() == ptr  # in place
+    in_place = arena.unsafe_buffer_pointer() == ptr
     assert plan.check_guards(arena) == []
 
     out_ref, ws_ref = splitk_decode_attention(
@@ -409,6 +411,9 @@ def test_arena_form_writes_partials_and_output_only(align):
         (changed >= out0) & (changed < out0 + B * Hq * D * 4)
     )
     assert changed.size and allowed.all(), changed[~allowed][:10]
+    if not _POINTER_CHECKED:
+        pytest.skip(f"the in-place pointer check needs jax >= 0.9 (this is {jax.__version__})")
+    assert in_place, "the donated arena was not updated in place"
 
 
 def test_arena_form_refuses_small_regions():

@@ -3,10 +3,12 @@ fixed arena, against the same model written plainly."""
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import pytest
 from _helpers.hybrid_plain import PlainHybrid
@@ -122,6 +124,45 @@ def test_matches_plain_model(setup, arena_run):
     assert decided.mean() >= 0.3, f"only {decided.mean():.0%} of greedy choices are decided"
     np.testing.assert_array_equal(got_tokens[decided], np.argmax(want, -1)[decided])
     assert (got_tokens == np.argmax(want, -1)).mean() >= 0.9
+
+
+def last_mlp_fp8_mismatches(model, arena, rows: int) -> int:
+    """How many of the last MLP layer's quantized down-projection inputs (`ffn_act_a`, `rows`
+    rows of e4m3 and their 1 x 128 block scales in `ffn_act_scale`) differ from the e4m3
+    quantization of its bf16 input still in `expert_up_out`. The reference is written here in
+    NumPy: scale = max(amax, 1e-4) / 448 (f32, correctly rounded), q = e4m3(clip(x * (1 /
+    scale), +-448)), round to nearest even: the kernel's definition, so equality is exact."""
+    k, plan = model.config.intermediate_size, model.plan
+    x = np.asarray(plan.view(arena, "expert_up_out", (rows, k), jnp.bfloat16), np.float32)
+    pad = -(-rows // 16) * 16  # the FP8 buffers' rows: ceil16
+    q = np.asarray(plan.view(arena, "ffn_act_a", (pad, k), jnp.float8_e4m3fn))[:rows]
+    s = np.asarray(plan.view(arena, "ffn_act_scale", (pad, k // 128), jnp.float32))[:rows]
+    amax = np.abs(x.reshape(rows, k // 128, 128)).max(-1)
+    s_ref = np.maximum(amax, np.float32(1e-4)) / np.float32(448)
+    inv = np.repeat(np.float32(1) / s_ref, 128, axis=1)
+    q_ref = np.clip(x * inv, -448, 448).astype(ml_dtypes.float8_e4m3fn)
+    return int(np.sum(q.view(np.uint8) != q_ref.view(np.uint8)) + np.sum(s != s_ref))
+
+
+def test_the_mlp_quantizes_its_activations(setup, arena_run):
+    """The logits' tolerance cannot tell an FP8 run from one without FP8 (see the tolerance
+    table), so the FP8 round trip is checked where it happens: after the last decode step the
+    arena's FFN FP8 buffers hold the quantization of the last MLP layer's input, bit for bit
+    (the MLP is the last layer; the LM head writes no FP8 buffer). The same model with FP8
+    switched off (every `MLP` block with `fp8_acts=False`, prefill only to keep the compile small) fails it."""
+    cfg, model, params, prompts, tables = setup
+    assert cfg.layer_types[-1] == "mlp" and cfg.intermediate_size % 128 == 0
+    assert last_mlp_fp8_mismatches(model, arena_run["arena"], len(prompts)) == 0
+    blocks = tuple(dataclasses.replace(b, fp8_acts=False) if b.kind == "mlp" else b
+                   for b in model.arch.blocks)  # fmt: skip
+    no_fp8 = dataclasses.replace(model, arch=dataclasses.replace(model.arch, blocks=blocks))
+    caches = init_caches(cfg, num_blocks=len(prompts) * BLOCKS_PER_SEQ, block_size=BLOCK,
+                         max_batch_size=len(prompts))  # fmt: skip
+    cu = np.concatenate([[0], np.cumsum(PROMPT_LENS)]).astype(np.int32)
+    arena, _, _ = jax.jit(no_fp8.prefill)(params, no_fp8.plan.allocate(), caches,
+                                          jnp.asarray(np.concatenate(prompts)), jnp.asarray(cu),
+                                          tables)  # fmt: skip
+    assert last_mlp_fp8_mismatches(no_fp8, arena, int(cu[-1])) > 0
 
 
 def test_decode_footprint(setup, arena_run):
