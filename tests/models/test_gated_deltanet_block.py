@@ -125,8 +125,9 @@ def test_block_prefill_then_decode_against_float64():
         assert _ratio(out_d[s : s + 1], want_d) < BOUND, s
         np.testing.assert_allclose(np.asarray(cache2["conv"][s]), win_d, rtol=ULP, atol=0)
         assert _ratio(cache2["state"][s], state_d) < 0.005, s
-        print(f"sequence {s}: prefill {_ratio(out[a:b], want):.2e}, decode "
-              f"{_ratio(out_d[s : s + 1], want_d):.2e}, state {_ratio(cache2['state'][s], state_d):.2e}")  # fmt: skip
+        ratios = (_ratio(out[a:b], want), _ratio(out_d[s : s + 1], want_d),
+                  _ratio(cache2["state"][s], state_d))  # fmt: skip
+        print(f"sequence {s}: prefill, decode, state error ratios {ratios}")
     # A one-token shift of the second sequence's boundary would mix the two: the first
     # sequence's tokens must not reach the second's outputs.
     leak, _, _ = _reference(p64, x[CU[1] - 1 : CU[2]], np.zeros((3, CONV_DIM)),
