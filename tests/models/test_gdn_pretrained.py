@@ -283,3 +283,18 @@ def test_conditional_generation_layout_reads_the_text_model(runs, tmp_path):
     np.testing.assert_array_equal(
         lm.prefill_logits(prompt), runs.lm("qwen3_5_text").prefill_logits(prompt)
     )
+
+
+def test_packed_plan_gives_identical_logits(runs):
+    """A packed arena (buffers never live together share bytes, from the recorded lifetimes of
+    the GDN block's regions and its kernels' scratch) is smaller and computes the same bits."""
+    from lm_runs import LIMITS
+
+    from jaxarena.models import load_pretrained
+
+    seq = runs.lm("qwen3_next")
+    packed = load_pretrained(CHECKPOINTS / "qwen3_next", packed=True, **LIMITS)
+    assert packed.arena_bytes < seq.arena_bytes
+    prompt = reference("qwen3_next")["prompts"][3]
+    np.testing.assert_array_equal(packed.prefill_logits(prompt), seq.prefill_logits(prompt))
+    assert packed.model.plan.check_guards(packed.arena) == []
