@@ -3,7 +3,8 @@
 Families (`model_type` of `config.json`, `jaxarena.models.families.registry`): `llama`,
 `mistral` (sliding window), `qwen2` (q/k/v biases), `qwen3` (q/k norms), `gemma2`,
 `gemma3_text` and `gemma3` (its language model), `mamba2` and `nemotron_h` (Mamba-2, attention
-and relu^2 MLP blocks; no MoE blocks).
+and relu^2 MLP blocks), `qwen3_5` / `qwen3_5_text` and `qwen3_next` (Gated DeltaNet and gated
+attention blocks).
 
 Sliding windows: the KV cache is not capped at the window. Every attention layer writes its
 keys through the one block table of the sequence (the paged layout shares it across layers),

@@ -48,6 +48,8 @@ class Arch:
       embed_scale: the embeddings are multiplied by this (Gemma: `sqrt(hidden)` rounded to
         bf16, the activation dtype); None: not scaled.
       final_softcap: the logits become `c * tanh(logits / c)` (Gemma 2); None: none.
+      norm_offset: the pre-norms and the final norm scale by `w + norm_offset` (1 for the
+        zero-centred `(1 + w)` norms of Qwen3-Next / Qwen3.5).
 
     A block whose parameters hold `"post_norm"` has its output RMS-normalized with it before
     the residual add (Gemma's post-attention / post-feedforward norms).
@@ -58,6 +60,7 @@ class Arch:
     tie_embeddings: bool = False
     embed_scale: float | None = None
     final_softcap: float | None = None
+    norm_offset: float = 0.0
 
     def __post_init__(self) -> None:
         bad = [b for b in self.blocks if not isinstance(b, Block)]
@@ -144,7 +147,8 @@ class ArenaLM:
         blocks = zip(self.arch.cache_keys, self.arch.blocks, params["layers"], strict=True)
         for key, block, p in blocks:
             arena = put(plan, arena, "residual", get(plan, arena, "hidden_states", h_shape))
-            normed = rms_norm(get(plan, arena, "hidden_states", h_shape), p["norm"], eps)
+            normed = rms_norm(get(plan, arena, "hidden_states", h_shape), p["norm"], eps,
+                              self.arch.norm_offset)  # fmt: skip
             arena = put(plan, arena, "norm_output", normed)
             step = block.prefill if mode == "prefill" else block.decode
             arena, cache, out = step(env, p, arena, caches[key], ctx)
@@ -159,7 +163,7 @@ class ArenaLM:
         """Final norm and LM head of the hidden rows `rows` (indices) into `logits`."""
         c = self.config
         h = get(self.plan, arena, "hidden_states", (t, c.hidden_size))[rows]
-        h = rms_norm(h, params["final_norm"], self.arch.rms_eps)
+        h = rms_norm(h, params["final_norm"], self.arch.rms_eps, self.arch.norm_offset)
         head = params["embed"].T if self.arch.tie_embeddings else params["lm_head"]
         logits = h @ head.astype(F32)
         if self.arch.final_softcap is not None:

@@ -45,10 +45,17 @@ class Attention(Block):
       sinks: one learned extra logit per query head joins each softmax's denominator
         (gpt-oss's `sinks`); its value row is zero.
 
-    Parameters: `wqkv` (`[hidden, (Hq + 2 Hkv) D]`, or a (q, k, v) tuple of linear weights),
-    `wo` (`[Hq D, hidden]`), with `qk_norm` also `q_norm` and `k_norm` (`[D]`), with
-    `qkv_bias` `bqkv` (`[(Hq + 2 Hkv) D]`), with `o_bias` `bo` (`[hidden]`), with `sinks`
-    `sinks` (`float32[Hq]`).
+      rotary_dim: rotate only the first `rotary_dim` values of each head (partial RoPE,
+        Qwen3-Next / Qwen3.5: `partial_rotary_factor * D`); 0 = all of them.
+      gated: the q projection also yields a gate per head (`[q_h | gate_h]` per head, as
+        Qwen3-Next / Qwen3.5 store it); the attention output is multiplied by
+        `sigmoid(gate)` in `attn_output` before `o_proj`.
+      norm_offset: the q/k norms scale by `w + norm_offset` (1: the `(1 + w)` norms).
+
+    Parameters: `wqkv` (`[hidden, (Hq + 2 Hkv) D]`, with `gated` `[hidden, (2 Hq + 2 Hkv) D]`,
+    or a (q, k, v) tuple of linear weights), `wo` (`[Hq D, hidden]`), with `qk_norm` also
+    `q_norm` and `k_norm` (`[D]`), with `qkv_bias` `bqkv` (`[(Hq + 2 Hkv) D]`), with `o_bias`
+    `bo` (`[hidden]`), with `sinks` `sinks` (`float32[Hq]`).
     Cache: `{"k", "v"}`, each `bfloat16[num_blocks, kv_block_size, Hkv, D]`.
     """
 
@@ -66,6 +73,10 @@ class Attention(Block):
     scale: float | None = None
     sinks: bool = False
 
+    rotary_dim: int = 0
+    gated: bool = False
+    norm_offset: float = 0.0
+
     def __post_init__(self) -> None:
         if self.window is not None and (not isinstance(self.window, int) or self.window < 1):
             raise ValueError(f"Attention.window={self.window!r} must be None or an int >= 1")
@@ -76,7 +87,8 @@ class Attention(Block):
         """Random `wqkv` and `wo` (unit q/k norms with `qk_norm`)."""
         h, hq, hkv, hd = (config.hidden_size, config.num_attention_heads,
                           config.num_key_value_heads, config.head_dim)  # fmt: skip
-        p = {"wqkv": dense_init(keys, h, (hq + 2 * hkv) * hd), "wo": dense_init(keys, hq * hd, h)}
+        qw = 2 * hq if self.gated else hq
+        p = {"wqkv": dense_init(keys, h, (qw + 2 * hkv) * hd), "wo": dense_init(keys, hq * hd, h)}
         if self.qk_norm:
             p["q_norm"] = p["k_norm"] = jnp.ones((hd,), F32)
         if self.qkv_bias:
@@ -93,7 +105,7 @@ class Attention(Block):
         hd = config.head_dim
         p = {
             "norm": reader.vector(norm, config.hidden_size),
-            "wqkv": reader.qkv(prefix, config),
+            "wqkv": self._read_qkv(reader, config, prefix),
             "wo": reader.linear(
                 f"{prefix}.o_proj", config.hidden_size, config.num_attention_heads * hd
             ),  # fmt: skip
@@ -113,6 +125,18 @@ class Attention(Block):
             p["sinks"] = reader.vector(f"{prefix}.sinks", config.num_attention_heads)
         return p
 
+    def _read_qkv(self, reader: Any, config: ModelConfig, prefix: str) -> Any:
+        """`reader.qkv`, with a q projection twice as wide when `gated`."""
+        if not self.gated:
+            return reader.qkv(prefix, config)
+        h, hd = config.hidden_size, config.head_dim
+        parts = [reader.linear(f"{prefix}.{n}_proj", heads * hd, h) for n, heads in
+                 (("q", 2 * config.num_attention_heads), ("k", config.num_key_value_heads),
+                  ("v", config.num_key_value_heads))]  # fmt: skip
+        if all(isinstance(x, np.ndarray) for x in parts):
+            return np.concatenate(parts, axis=1)
+        return tuple(parts)
+
     def init_cache(self, config: ModelConfig, *, num_blocks: int, kv_block_size: int,
                    rows: int) -> dict[str, jax.Array]:  # fmt: skip
         """A zeroed paged KV cache, `k` and `v` `bfloat16[num_blocks, kv_block_size, Hkv, D]`."""
@@ -128,18 +152,20 @@ class Attention(Block):
         if self.qkv_bias:
             qkv = qkv + p["bqkv"].astype(F32)
         arena = put(env.plan, arena, "qkv_output", qkv)
-        qkv = get(env.plan, arena, "qkv_output", (t, (hq + 2 * hkv) * hd))
-        q = qkv[:, : hq * hd].reshape(t, hq, hd)
-        k = qkv[:, hq * hd : (hq + hkv) * hd].reshape(t, hkv, hd)
-        v = qkv[:, (hq + hkv) * hd :].reshape(t, hkv, hd)
+        qw = 2 * hq if self.gated else hq
+        qkv = get(env.plan, arena, "qkv_output", (t, (qw + 2 * hkv) * hd))
+        q = qkv[:, : qw * hd].reshape(t, hq, -1)[..., :hd]
+        k = qkv[:, qw * hd : (qw + hkv) * hd].reshape(t, hkv, hd)
+        v = qkv[:, (qw + hkv) * hd :].reshape(t, hkv, hd)
         if self.qk_norm:
-            q, k = rms_norm(q, p["q_norm"], self.rms_eps), rms_norm(k, p["k_norm"], self.rms_eps)
+            eps, off = self.rms_eps, self.norm_offset
+            q, k = rms_norm(q, p["q_norm"], eps, off), rms_norm(k, p["k_norm"], eps, off)
         if self.rope and self.rope_inv_freq is not None:
             q = rope_table(q, ctx.positions, self.rope_inv_freq, self.rope_scaling)
             k = rope_table(k, ctx.positions, self.rope_inv_freq, self.rope_scaling)
         elif self.rope:
-            q = rope(q, ctx.positions, self.rope_theta)
-            k = rope(k, ctx.positions, self.rope_theta)
+            q = rope(q, ctx.positions, self.rope_theta, self.rotary_dim)
+            k = rope(k, ctx.positions, self.rope_theta, self.rotary_dim)
         return arena, q, k, v
 
     def _append_kv(self, env: Env, cache, k, v, ctx: StepContext):
@@ -155,11 +181,23 @@ class Attention(Block):
 
     def _out(self, env: Env, p, arena, t: int):
         hq_d = env.config.num_attention_heads * env.config.head_dim
+        if self.gated:
+            arena = self._apply_gate(env, arena, t)
         arena, out = linear(env.plan, arena, "attn_output", (t, hq_d), p["wo"],
                             workspaces.FP8_ACT_REGIONS, interpret=env.interpret)  # fmt: skip
         if self.o_bias:
             out = out + p["bo"].astype(F32)
         return arena, out
+
+    def _apply_gate(self, env: Env, arena, t: int):
+        """`attn_output *= sigmoid(gate)`, the gate read back from `qkv_output` (the second
+        half of each head's q projection)."""
+        c = env.config
+        hq, hkv, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        qkv = get(env.plan, arena, "qkv_output", (t, (2 * hq + 2 * hkv) * hd))
+        gate = qkv[:, : 2 * hq * hd].reshape(t, hq, 2 * hd)[..., hd:].reshape(t, hq * hd)
+        o = get(env.plan, arena, "attn_output", (t, hq * hd))
+        return put(env.plan, arena, "attn_output", o * jax.nn.sigmoid(gate))
 
     def prefill(self, env: Env, params, arena, cache, ctx: StepContext):
         """Appends the prompts' K/V to the cache; dense causal attention within each packed

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from jaxarena.models.blocks.attention import Attention
 from jaxarena.models.blocks.base import Block
+from jaxarena.models.blocks.gated_deltanet import GatedDeltaNet
 from jaxarena.models.blocks.mamba2 import Mamba2
 from jaxarena.models.blocks.mlp import MLP
 
@@ -16,6 +17,7 @@ __all__ = ["BLOCKS", "LAYER_TYPES", "block_kind"]
 # kind -> Block class
 BLOCKS: dict[str, type[Block]] = {
     Attention.kind: Attention,
+    GatedDeltaNet.kind: GatedDeltaNet,
     Mamba2.kind: Mamba2,
     MLP.kind: MLP,
 }

@@ -8,9 +8,13 @@ import jax.numpy as jnp
 __all__ = ["rope", "rope_table"]
 
 
-def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+def rope(x: jax.Array, positions: jax.Array, theta: float, rotary_dim: int = 0) -> jax.Array:
     """Rotary embedding (rotate-half form) of `x [T, heads, D]` at `positions int32[T]`;
-    float32 angles `positions * theta^(-2i/D)`."""
+    float32 angles `positions * theta^(-2i/d)` over the first `d = rotary_dim` values of each
+    head (0: all `D`; partial RoPE, Qwen3-Next / Qwen3.5), the rest passed through."""
+    if rotary_dim and rotary_dim < x.shape[-1]:
+        rot = rope(x[..., :rotary_dim], positions, theta)
+        return jnp.concatenate([rot, x[..., rotary_dim:]], -1)
     d = x.shape[-1]
     inv = theta ** (-jnp.arange(0, d // 2, dtype=jnp.float32) * 2 / d)
     ang = positions.astype(jnp.float32)[:, None] * inv[None, :]

@@ -66,8 +66,13 @@ class Family:
 
     def read_params(self, reader: Reader, config: ModelConfig, arch: Arch) -> dict[str, Any]:
         """The host weights: `{"embed", "layers": [per block], "final_norm"[, "lm_head"]}`."""
+        return self.read_named(reader, config, arch, self.tensor_names(config, arch))
+
+    def read_named(self, reader: Reader, config: ModelConfig, arch: Arch,
+                   names: TensorNames) -> dict[str, Any]:  # fmt: skip
+        """`read_params` with the tensor names given (a family whose names depend on the
+        checkpoint picks them first)."""
         h, v = config.hidden_size, config.vocab_size
-        names = self.tensor_names(config, arch)
         layers = [block.read_params(reader, config, prefix, norm)
                   for block, (prefix, norm) in zip(arch.blocks, names.blocks, strict=True)]  # fmt: skip
         params: dict[str, Any] = {"embed": reader.matrix(names.embed, v, h), "layers": layers,

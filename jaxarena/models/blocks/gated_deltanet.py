@@ -1,0 +1,253 @@
+"""The Gated DeltaNet mixer of Qwen3-Next and Qwen3.5 (transformers' `*GatedDeltaNet`).
+
+    in_proj -> [q | k | v | z], [b | a]   (Qwen3-Next: interleaved per key-head group)
+    causal depthwise conv1d (no bias) + silu over [q | k | v], its window in the cache
+    beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias)
+    delta rule on L2-normalised q, k (prefill: the chunked `gdn_chunked_into` kernel with its
+      scratch in `gdn_fla_scratch`; decode: the in-place `gdn_state_update` kernel)
+    gated RMSNorm: rmsnorm(o) * w * silu(z) per value head -> out_proj
+
+Arena regions and what each holds after a step (T rows; `kd = Hk Dk`, `vd = Hv Dv`):
+- `ssm_qkvz` bf16 `[T, 2 kd + 2 vd]`: the q/k/v/z projection as the checkpoint lays it out
+  (Qwen3.5: `[q | k | v | z]`; Qwen3-Next: per key head `[q_h | k_h | v_h | z_h]`);
+- `ssm_ba` bf16 `[T, 2 Hv]`: the b/a projection (Qwen3.5 `[b | a]`, Qwen3-Next per key head);
+- `ssm_deinterleaved` bf16 `[T, 2 kd + 2 vd]`: Qwen3-Next only, the projection reordered to
+  `[q | k | v | z]` (transformers' `fix_query_key_value_ordering`; a copy, no rounding);
+- `ssm_conv_out_f32` f32 `[T, 2 kd + vd]`: silu(conv1d) of `[q | k | v]`;
+- `ssm_gates` f32 `[T, 2 Hv]`: `[g | beta]`;
+- `gdn_fla_scratch`: the chunked kernel's W | U | S | uc | gc (prefill only);
+- `attn_output` bf16 `[T, vd]`: the gated norm's output, the input of out_proj.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxarena import ModelConfig, workspaces
+from jaxarena.models.blocks.base import Block, Env, StepContext, dense_init
+from jaxarena.models.checkpoint import FLOAT_DTYPES
+from jaxarena.models.core.arena import F32, get, linear, put
+from jaxarena.models.core.norms import rms_norm
+from pallas_kernels import gdn_chunked_into, gdn_state_update
+
+__all__ = ["GatedDeltaNet"]
+
+
+def _dims(c: ModelConfig) -> tuple[int, int, int, int]:
+    return (c.linear_num_key_heads, c.linear_key_head_dim, c.linear_num_value_heads,
+            c.linear_value_head_dim)  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GatedDeltaNet(Block):
+    """A Gated DeltaNet mixer (see the module docstring).
+
+    Attributes:
+      conv_kernel: taps of the depthwise causal conv (`linear_conv_kernel_dim`, >= 2).
+      rms_eps: epsilon of the gated RMSNorm.
+      interleaved: Qwen3-Next's fused `in_proj_qkvz` / `in_proj_ba`, whose outputs are
+        grouped per key head; else Qwen3.5's `in_proj_qkv`, `in_proj_z`, `in_proj_b`,
+        `in_proj_a`.
+
+    Parameters: `w_qkvz` (`[hidden, 2 kd + 2 vd]`, or a (qkv, z) tuple of linear weights),
+    `w_ba` (`[hidden, 2 Hv]`), `conv_w` (`[conv_kernel, 2 kd + vd]`), `A_log`, `dt_bias`
+    (`[Hv]`), `gate_norm` (`[Dv]`), `out_proj` (`[vd, hidden]`). Cache: `state`
+    `float32[rows, Hv, Dk, Dv]` and `conv` `float32[rows, conv_kernel - 1, 2 kd + vd]` (the
+    last pre-conv inputs); sequence `s` uses row `s`.
+    """
+
+    kind: ClassVar[str] = "gdn"
+    conv_kernel: int = 4
+    rms_eps: float = 1e-6
+    interleaved: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.conv_kernel, bool) or not isinstance(self.conv_kernel, int) or (
+            self.conv_kernel < 2
+        ):  # fmt: skip
+            raise ValueError(f"GatedDeltaNet.conv_kernel={self.conv_kernel!r} must be an int >= 2")
+
+    # -- weights -----------------------------------------------------------------------------
+
+    def init_params(self, config: ModelConfig, keys: Iterator[jax.Array]) -> dict[str, Any]:
+        """Random weights: A in [1, 16], softplus(dt_bias) small, unit gate norm."""
+        h = config.hidden_size
+        nk, dk, nv, dv = _dims(config)
+        conv_dim = 2 * nk * dk + nv * dv
+        return {
+            "w_qkvz": dense_init(keys, h, config.ssm_qkvz_size),
+            "w_ba": dense_init(keys, h, 2 * nv),
+            "conv_w": jax.random.normal(next(keys), (self.conv_kernel, conv_dim), F32) * 0.5,
+            "A_log": jnp.log(jax.random.uniform(next(keys), (nv,), F32, 1.0, 16.0)),
+            "dt_bias": jax.random.uniform(next(keys), (nv,), F32, -3.0, -1.0),
+            "gate_norm": jnp.ones((dv,), F32),
+            "out_proj": dense_init(keys, nv * dv, h),
+        }
+
+    def read_params(self, reader: Any, config: ModelConfig, prefix: str,
+                    norm: str) -> dict[str, Any]:  # fmt: skip
+        """`{prefix}.{in_proj_qkv,in_proj_z,in_proj_b,in_proj_a}` (Qwen3.5) or
+        `{prefix}.{in_proj_qkvz,in_proj_ba}` (Qwen3-Next), `.conv1d`, `.A_log`, `.dt_bias`,
+        `.norm`, `.out_proj`."""
+        h = config.hidden_size
+        nk, dk, nv, dv = _dims(config)
+        conv_dim = 2 * nk * dk + nv * dv
+        if self.interleaved:
+            w_qkvz = reader.linear(f"{prefix}.in_proj_qkvz", config.ssm_qkvz_size, h)
+            w_ba = reader.linear(f"{prefix}.in_proj_ba", 2 * nv, h)
+        else:
+            qkv = reader.linear(f"{prefix}.in_proj_qkv", conv_dim, h)
+            z = reader.linear(f"{prefix}.in_proj_z", nv * dv, h)
+            both = isinstance(qkv, np.ndarray) and isinstance(z, np.ndarray)
+            w_qkvz = np.concatenate([qkv, z], axis=1) if both else (qkv, z)
+            b = reader.linear(f"{prefix}.in_proj_b", nv, h)
+            a = reader.linear(f"{prefix}.in_proj_a", nv, h)
+            w_ba = np.concatenate([b, a], axis=1) if isinstance(b, np.ndarray) else (b, a)
+        conv = reader.raw(f"{prefix}.conv1d.weight", (conv_dim, 1, self.conv_kernel),
+                          FLOAT_DTYPES)  # fmt: skip
+        return {
+            "norm": reader.vector(norm, h),
+            "w_qkvz": w_qkvz,
+            "w_ba": w_ba,
+            "conv_w": np.ascontiguousarray(conv[:, 0, :].T),
+            "A_log": reader.vector(f"{prefix}.A_log", nv),
+            "dt_bias": reader.vector(f"{prefix}.dt_bias", nv),
+            "gate_norm": reader.vector(f"{prefix}.norm.weight", dv),
+            "out_proj": reader.linear(f"{prefix}.out_proj", h, nv * dv),
+        }
+
+    def init_cache(self, config: ModelConfig, *, num_blocks: int, kv_block_size: int,
+                   rows: int) -> dict[str, jax.Array]:  # fmt: skip
+        """Zeroed `state` (`float32[rows, Hv, Dk, Dv]`) and `conv` window."""
+        nk, dk, nv, dv = _dims(config)
+        return {
+            "state": jnp.zeros((rows, nv, dk, dv), F32),
+            "conv": jnp.zeros((rows, self.conv_kernel - 1, 2 * nk * dk + nv * dv), F32),
+        }
+
+    # -- pieces ------------------------------------------------------------------------------
+
+    def _project(self, env: Env, p, arena, t: int):
+        """in_proj into `ssm_qkvz` / `ssm_ba`; Qwen3-Next's also into `ssm_deinterleaved`."""
+        c, plan, it = env.config, env.plan, env.interpret
+        regions = workspaces.FP8_ACT_REGIONS
+        arena, qkvz = linear(plan, arena, "norm_output", (t, c.hidden_size), p["w_qkvz"],
+                             regions, interpret=it)  # fmt: skip
+        arena = put(plan, arena, "ssm_qkvz", qkvz)
+        arena, ba = linear(plan, arena, "norm_output", (t, c.hidden_size), p["w_ba"], regions,
+                           interpret=it)  # fmt: skip
+        arena = put(plan, arena, "ssm_ba", ba)
+        if self.interleaved:
+            nk, dk, nv, dv = _dims(c)
+            r = nv // nk
+            g = get(plan, arena, "ssm_qkvz", (t, c.ssm_qkvz_size)).reshape(t, nk, -1)
+            cuts = np.cumsum([dk, dk, r * dv])
+            q, k, v, z = jnp.split(g, cuts, axis=-1)
+            seq = jnp.concatenate([x.reshape(t, -1) for x in (q, k, v, z)], -1)
+            arena = put(plan, arena, "ssm_deinterleaved", seq)
+        return arena
+
+    def _qkvz(self, env: Env, arena, t: int):
+        """`[q | k | v]` (the conv input) and `z`, sequential, float32."""
+        c = env.config
+        nk, dk, nv, dv = _dims(c)
+        src = "ssm_deinterleaved" if self.interleaved else "ssm_qkvz"
+        x = get(env.plan, arena, src, (t, c.ssm_qkvz_size))
+        return x[:, : 2 * nk * dk + nv * dv], x[:, 2 * nk * dk + nv * dv :]
+
+    def _gates(self, env: Env, p, arena, t: int):
+        """`[g | beta]` (f32) into `ssm_gates`; returns `(arena, g, beta)`, each `[T, Hv]`."""
+        c = env.config
+        nk, _, nv, _ = _dims(c)
+        ba = get(env.plan, arena, "ssm_ba", (t, 2 * nv))
+        if self.interleaved:
+            ba = ba.reshape(t, nk, 2, nv // nk)
+            b, a = ba[:, :, 0].reshape(t, nv), ba[:, :, 1].reshape(t, nv)
+        else:
+            b, a = ba[:, :nv], ba[:, nv:]
+        beta = jax.nn.sigmoid(b)
+        g = -jnp.exp(p["A_log"].astype(F32)) * jax.nn.softplus(a + p["dt_bias"].astype(F32))
+        arena = env.plan.write(arena, "ssm_gates", jnp.concatenate([g, beta], -1))
+        gb = env.plan.view(arena, "ssm_gates", (t, 2 * nv), F32)
+        return arena, gb[:, :nv], gb[:, nv:]
+
+    def _split_conv(self, env: Env, arena, t: int):
+        """q, k `[T, Hk, Dk]` and v `[T, Hv, Dv]` from `ssm_conv_out_f32`."""
+        nk, dk, nv, dv = _dims(env.config)
+        x = env.plan.view(arena, "ssm_conv_out_f32", (t, 2 * nk * dk + nv * dv), F32)
+        kd = nk * dk
+        return (x[:, :kd].reshape(t, nk, dk), x[:, kd : 2 * kd].reshape(t, nk, dk),
+                x[:, 2 * kd :].reshape(t, nv, dv))  # fmt: skip
+
+    def _out(self, env: Env, p, arena, o, t: int):
+        """Gated RMSNorm per value head into `attn_output`, then out_proj."""
+        c = env.config
+        _, _, nv, dv = _dims(c)
+        _, z = self._qkvz(env, arena, t)
+        y = rms_norm(o.reshape(t, nv, dv), p["gate_norm"].astype(F32), self.rms_eps)
+        y = y * jax.nn.silu(z.reshape(t, nv, dv))
+        arena = put(env.plan, arena, "attn_output", y.reshape(t, nv * dv))
+        return linear(env.plan, arena, "attn_output", (t, nv * dv), p["out_proj"],
+                      workspaces.FP8_ACT_REGIONS, interpret=env.interpret)  # fmt: skip
+
+    # -- steps -------------------------------------------------------------------------------
+
+    def prefill(self, env: Env, params, arena, cache, ctx: StepContext):
+        """Conv and chunked delta rule within each packed sequence; rows `0..S-1` of the cache
+        get each sequence's final state and conv window."""
+        p, t, kk = params, ctx.num_tokens, self.conv_kernel
+        cu, seq = ctx.cu_seqlens, ctx.seq_ids
+        s = cu.shape[0] - 1
+        idx = jnp.arange(t, dtype=jnp.int32)
+        arena = self._project(env, p, arena, t)
+        x, _ = self._qkvz(env, arena, t)
+        w = p["conv_w"].astype(F32)
+        # Causal depthwise conv within each sequence: tap j reads token t - j.
+        conv = x * w[kk - 1]
+        for j in range(1, kk):
+            same = (idx >= j) & (jnp.roll(seq, j) == seq)
+            conv = conv + jnp.where(same[:, None], jnp.roll(x, j, axis=0), 0.0) * w[kk - 1 - j]
+        # The window decode starts from: each sequence's last kk - 1 inputs (zeros before it).
+        win = []
+        for j in range(kk - 1, 0, -1):
+            pos = cu[1:] - j
+            win.append(jnp.where((pos >= cu[:-1])[:, None], x[jnp.maximum(pos, 0)], 0.0))
+        conv_cache = cache["conv"].at[:s].set(jnp.stack(win, 1))
+        conv_cache, arena = jax.lax.optimization_barrier((conv_cache, arena))
+        arena = env.plan.write(arena, "ssm_conv_out_f32", jax.nn.silu(conv))
+        arena, g, beta = self._gates(env, p, arena, t)
+        q, k, v = self._split_conv(env, arena, t)
+        arena, o, final = gdn_chunked_into(
+            arena, env.plan, q, k, v, g, beta, cu_seqlens=cu, use_qk_l2norm=True,
+            interpret=env.interpret,
+        )  # fmt: skip
+        cache = {"state": cache["state"].at[:s].set(final), "conv": conv_cache}
+        cache, arena = jax.lax.optimization_barrier((cache, arena))
+        arena, out = self._out(env, p, arena, o.astype(F32), t)
+        return arena, cache, out
+
+    def decode(self, env: Env, params, arena, cache, ctx: StepContext):
+        """One conv tap and one delta-rule state update per sequence (cache rows `0..B-1`)."""
+        p, bsz = params, ctx.num_tokens
+        arena = self._project(env, p, arena, bsz)
+        x, _ = self._qkvz(env, arena, bsz)
+        window = jnp.concatenate([cache["conv"][:bsz], x[:, None, :]], axis=1)
+        conv = jnp.einsum("bkd,kd->bd", window, p["conv_w"].astype(F32))
+        conv_cache = cache["conv"].at[:bsz].set(window[:, 1:])
+        conv_cache, arena = jax.lax.optimization_barrier((conv_cache, arena))
+        arena = env.plan.write(arena, "ssm_conv_out_f32", jax.nn.silu(conv))
+        arena, g, beta = self._gates(env, p, arena, bsz)
+        q, k, v = self._split_conv(env, arena, bsz)
+        # Rows 0..B-1 of the (donated) state cache are updated in place.
+        o, state = gdn_state_update(cache["state"], q, k, v, g, beta, use_qk_l2norm=True,
+                                    interpret=env.interpret)  # fmt: skip
+        cache = {"state": state, "conv": conv_cache}
+        cache, arena = jax.lax.optimization_barrier((cache, arena))
+        arena, out = self._out(env, p, arena, o.astype(F32), bsz)
+        return arena, cache, out
