@@ -1,10 +1,11 @@
-"""The `jaxarena` command line: `plan`, `budget`, `fit`, `demo` and `generate`.
+"""The `jaxarena` command line: `plan`, `budget`, `fit`, `step-report`, `demo`, `generate`.
 
 jaxarena plan qwen3-8b --max-batch-tokens 8192 --max-seq-len 32768
 jaxarena plan ./config.json --json
 jaxarena budget qwen3-30b-a3b --memory 141GB --tp 8 --ep 8 --weights fp8
 jaxarena fit qwen3-32b --memory 80GB --sequences 16
 jaxarena fit qwen3-32b --memory 24GiB --arena-only
+jaxarena step-report qwen3-8b --target h200 --json
 jaxarena demo
 jaxarena generate ./checkpoint-dir --prompt-ids 1,2,3 --max-new-tokens 16
 """
@@ -35,7 +36,12 @@ from jaxarena import (
     presets,
 )
 from jaxarena._arena.report import plot_plan
-from jaxarena._cli_options import DEFAULT_LIMITS, add_budget_options, add_limits
+from jaxarena._cli_options import (
+    DEFAULT_LIMITS,
+    add_budget_options,
+    add_limits,
+    add_step_report_options,
+)
 from jaxarena._units import format_bytes, plural
 
 DEFAULT_MODEL = "qwen3-8b"
@@ -404,6 +410,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(steps=args.steps, batch=args.batch, seed=args.seed)
 
 
+def cmd_step_report(args: argparse.Namespace) -> int:
+    # Imported here: jax and the models are what plan/budget/fit never import.
+    from jaxarena.step_report import run_step_report
+
+    return run_step_report(args, CliError)
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     # Imported here: the model and its kernels cost ~0.4 s of import that plan/budget/fit skip.
     from jaxarena.models.generate_cli import run_generate
@@ -463,6 +476,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_limits(f, with_tokens=False, batch_default=None)
     f.set_defaults(func=cmd_fit)
+    r = sub.add_parser("step-report", help="compile the prefill and decode steps for a GPU "
+                       "(no GPU, no weights needed): temp bytes, launches, spills")  # fmt: skip
+    add_step_report_options(r)
+    r.set_defaults(func=cmd_step_report)
     d = sub.add_parser("demo", help="run the reference hybrid model's decode loop on the arena")
     d.add_argument("--steps", type=int, default=32,
                    help=f"decode steps, 1..{DEMO_MAX_STEPS} (default %(default)s)")  # fmt: skip
