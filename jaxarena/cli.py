@@ -236,11 +236,18 @@ def _memory(text: str, flag: str = "--memory", *, zero: bool = False) -> int:
         raise CliError(str(e).replace("memory", flag, 1)) from None
 
 
+def _reserve_note(b: MemoryBudget) -> str:
+    if b.reserve_source == "given":
+        return "--reserve"
+    hint = ", see --compiled" if b.reserve_source == "estimated" else ""
+    return f"runtime 1 GiB + XLA temp {format_bytes(b.step_temp_bytes)} ({b.reserve_source}{hint})"
+
+
 def _budget_table(b: MemoryBudget, name: str) -> str:
     rows = [
         ("weights", b.weight_bytes, f"{b.param_count:,} parameters, {b.weights}"),
         ("arena", b.arena_bytes, f"{b.arena} plan"),
-        ("reserve", b.reserve_bytes, "runtime + XLA temporaries"),
+        ("reserve", b.reserve_bytes, _reserve_note(b)),
         ("free for KV + state", b.free_bytes, ""),
         ("KV per token", b.kv_bytes_per_token, f"{b.kv_dtype}, full-attention layers"),
         ("state per sequence", b.state_bytes_per_sequence, "SSM / GDN / sliding-window"),
@@ -270,7 +277,12 @@ def _budget_table(b: MemoryBudget, name: str) -> str:
 
 def cmd_budget(args: argparse.Namespace) -> int:
     config = _load_model(args.model)
-    b = _budget_for(args, config)
+    if args.compiled:  # compiles the steps (imports jax; seconds to minutes)
+        from jaxarena.step_report import budget_step_temp
+
+        b = _budget_for(args, config, step_temp=budget_step_temp(args, CliError))
+    else:
+        b = _budget_for(args, config)
     name = args.model or DEFAULT_MODEL
     if args.json:
         print(json.dumps(b.as_dict(), indent=2))
@@ -456,6 +468,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_budget_options(b)
     add_limits(b)
     b.add_argument("--plot", metavar="PNG", help="draw one stacked bar per device (matplotlib)")
+    b.add_argument("--compiled", action="store_true", help="reserve the XLA temp of the steps "
+                   "compiled for --target hopper (an H200) or b200, not an estimate")  # fmt: skip
     b.set_defaults(func=cmd_budget)
     f = sub.add_parser(
         "fit",

@@ -456,3 +456,38 @@ def run_step_report(args: Any, error: type[Exception] = ValueError) -> int:
     else:
         print(format_report(details, args.model, limits))
     return 0
+
+
+# The compile target of `jaxarena budget --target NAME --compiled`.
+BUDGET_COMPILE_TARGETS = {"hopper": "h200", "b200": "b200"}
+
+
+def budget_step_temp(args: Any, error: type[Exception] = ValueError) -> int:
+    """What `jaxarena budget --compiled` reserves for XLA: the larger temp of the prefill and
+    decode steps compiled for the budget's target at its limits (`step_report`).
+
+    Raises:
+      error: a target with no compile-only device here (`--target` other than hopper / b200,
+        or no CUDA plugin). NotImplementedError: a mesh (tp / ep > 1), an FP8 KV cache or
+        bf16 states (the models run one device, bf16 KV, f32 states), or a family the models
+        do not run.
+    """
+    from jaxarena.gpu_dump import GpuUnavailable
+
+    name = getattr(args.target, "name", args.target)
+    if name not in BUDGET_COMPILE_TARGETS:
+        raise error(f"--compiled compiles for --target hopper (an H200) or b200, not {name!r}")
+    if args.tp != 1 or args.ep != 1:
+        raise NotImplementedError("--compiled compiles one device's model: tp=1, ep=1 only")
+    if args.kv_dtype != "bf16" or args.state_dtype != "f32":
+        raise NotImplementedError("--compiled runs the models' bf16 KV cache and f32 states "
+                                  "(--kv-dtype bf16 --state-dtype f32)")  # fmt: skip
+    target = BUDGET_COMPILE_TARGETS[name]
+    limits = {k: getattr(args, k) for k in ("max_batch_tokens", "max_seq_len", "kv_block_size",
+                                            "max_batch_size")}  # fmt: skip
+    try:
+        r = step_report(args.model, target=target, weights=args.weights,
+                        progress=print_progress, **limits)  # fmt: skip
+    except GpuUnavailable as e:
+        raise error(f"--compiled needs a compile-only {target}: {e.reason}") from None
+    return max(s["temp_bytes"] for s in r["steps"].values())
