@@ -49,3 +49,20 @@ def test_step_report_b200_decode(h200, target):
 
     r = step_report("tiny-hybrid", target=target, steps=("decode",), **LIMITS)
     assert list(r["steps"]) == ["decode"] and r["steps"]["decode"]["spills"] == 0
+
+
+def test_budget_compiled_reserves_the_compiled_temp(h200, capsys):
+    argv = ["budget", "tiny-hybrid", "--memory", "2GiB", "--target", "hopper", "--json", *ARGV]
+    assert main([*argv, "--compiled"]) == 0
+    out, err = capsys.readouterr()
+    got = json.loads(out)
+    assert err.splitlines() == ["compiling prefill for h200 ...", "compiling decode for h200 ..."]
+    from jaxarena.step_report import step_report
+
+    r = step_report("tiny-hybrid", target=h200, **LIMITS)
+    temp = max(s["temp_bytes"] for s in r["steps"].values())
+    assert (got["reserve_source"], got["step_temp_bytes"]) == ("compiled", temp)
+    assert got["reserve_bytes"] == (1 << 30) + temp
+    assert main(argv) == 0  # without --compiled: estimated, and no compile
+    out, err = capsys.readouterr()
+    assert json.loads(out)["reserve_source"] == "estimated" and err == ""
