@@ -14,6 +14,7 @@ but `max_batch_tokens` T; `jaxarena step-report PRESET --target h200 --max-batch
     qwen3-8b        8192  17,368,696,856    19,448,336
     qwen3-8b        2048   1,108,371,480    19,448,336
     nemotron-h-8b   8192  17,179,992,864    16,933,400
+    nemotron-h-8b   2048   1,073,806,616    16,933,400
     mamba2-2.7b     8192     425,050,656     6,502,680
 
 Prefill. The attention blocks compute the dense causal scores of all T tokens, `f32[Hq, T, T]`,
@@ -23,16 +24,16 @@ and their softmax: 2 x 4 Hq T^2 bytes, the whole T^2 part of the qwen3-8b figure
 activation row (qwen3-8b: the intermediate size, 12,288; one bf16 `[T, intermediate]` buffer).
 Mamba-2 blocks hold more per token: mamba2-2.7b (no attention) needs 51,886 B per token at
 8192, 4.91 B per unit of its in_proj width (10,576: the f32 projection and the scan's inputs).
-So, per token, the larger of the two rows:
-
-    prefill temp ~= 8 Hq T^2 [when the model has attention layers]
-                    + T x max(PREFILL_BYTES_PER_WIDTH x max(hidden, intermediate, MoE width),
-                              MAMBA_BYTES_PER_WIDTH x Mamba in_proj width).
-
 On nemotron-h-8b (attention and Mamba) the measured temp is the scores alone (17,179,869,184
-of 17,179,992,864: XLA reuses the Mamba blocks' bytes for them), so there the formula is 4%
-high; families the models do not run yet (MoE, MLA, gated delta net) take the same terms,
-unmeasured.
+of 17,179,992,864; 1,073,741,824 of 1,073,806,616 at 2048): the Mamba blocks run at other times
+and XLA gives their bytes to the scores. So the estimate is the larger of the two kinds:
+
+    prefill temp ~= max(8 Hq T^2 [when the model has attention layers]
+                          + T x PREFILL_BYTES_PER_WIDTH x max(hidden, intermediate, MoE width),
+                        T x MAMBA_BYTES_PER_WIDTH x Mamba in_proj width)
+
+(nemotron-h-8b: 2% high at 8192, 9% at 2048). Families the models do not run yet (MoE, MLA,
+gated delta net) take the same terms, unmeasured.
 
 Decode. The temp is the bf16 logits of the batch, `B x vocab x 2` bytes (qwen3-8b: 64 x
 151,936 x 2 = 19,447,808 of 19,448,336), plus a few small buffers (`DECODE_FIXED` covers them).
@@ -80,11 +81,9 @@ def _attention_heads(config: Any) -> int:
     return int(config.num_attention_heads or 0)
 
 
-def _per_token(config: Any) -> float:
-    dense = max(config.hidden_size, config.intermediate_size or 0,
-                int(getattr(config, "moe_intermediate_size", 0) or 0))  # fmt: skip
-    mamba = int(getattr(config, "mamba2_in_proj_size", 0) or 0)
-    return max(PREFILL_BYTES_PER_WIDTH * dense, MAMBA_BYTES_PER_WIDTH * mamba)
+def _dense_width(config: Any) -> int:
+    return max(config.hidden_size, config.intermediate_size or 0,
+               int(getattr(config, "moe_intermediate_size", 0) or 0))  # fmt: skip
 
 
 def prefill_temp_estimate(config: Any, max_batch_tokens: int) -> int:
@@ -92,7 +91,9 @@ def prefill_temp_estimate(config: Any, max_batch_tokens: int) -> int:
     pass the sharded config); see the module docstring for the formula and its fit."""
     t = max_batch_tokens
     scores = 8 * _attention_heads(config) * t * t
-    return int(scores + t * _per_token(config))
+    attention = scores + t * PREFILL_BYTES_PER_WIDTH * _dense_width(config)
+    mamba = t * MAMBA_BYTES_PER_WIDTH * int(getattr(config, "mamba2_in_proj_size", 0) or 0)
+    return int(max(attention, mamba))
 
 
 def decode_temp_estimate(config: Any, max_batch_size: int) -> int:
