@@ -91,11 +91,18 @@ def _load_model(spec: str | None):
     name = spec or DEFAULT_MODEL
     if name in presets():
         return ModelConfig.preset(name)
-    if Path(name).exists():
+    if _exists(name):
         return ModelConfig.from_hf(name)
     if re.fullmatch(r"[\w.-]+/[\w.-]+", name) and not name.endswith(".json"):
         return ModelConfig.from_hf(name)  # a hub repo id (needs huggingface_hub)
     raise CliError(f"no preset or file named {name!r}; presets: {', '.join(presets())}")
+
+
+def _exists(path: str) -> bool:
+    try:  # a name past the file system's limits is no file (ENAMETOOLONG), not a crash
+        return Path(path).exists()
+    except OSError:
+        return False
 
 
 def _resolve_target(name: str) -> Target:

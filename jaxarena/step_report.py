@@ -88,7 +88,11 @@ class ModelSource:
             self.path = Path("jaxarena/presets") / name
             return
         path = Path(name)
-        if not path.exists():
+        try:
+            exists = path.exists()
+        except OSError:  # a name past the file system's limits (ENAMETOOLONG)
+            exists = False
+        if not exists:
             raise ConfigError(f"no preset, config.json or checkpoint directory named {name!r}; "
                               f"presets: {', '.join(presets())}")  # fmt: skip
         if path.is_dir() and ((path / "model.safetensors").is_file()
