@@ -16,6 +16,8 @@ but `max_batch_tokens` T; `jaxarena step-report PRESET --target h200 --max-batch
     nemotron-h-8b   8192  17,179,992,864    16,933,400
     nemotron-h-8b   2048   1,073,806,616    16,933,400
     mamba2-2.7b     8192     425,050,656     6,502,680
+    mamba2-2.7b     2048     106,299,416     6,502,680
+    qwen3-32b       8192  34,615,689,240    19,448,336
 
 Prefill. The attention blocks compute the dense causal scores of all T tokens, `f32[Hq, T, T]`,
 and their softmax: 2 x 4 Hq T^2 bytes, the whole T^2 part of the qwen3-8b figures (8192: 2 x
@@ -32,7 +34,7 @@ and XLA gives their bytes to the scores. So the estimate is the larger of the tw
                           + T x PREFILL_BYTES_PER_WIDTH x max(hidden, intermediate, MoE width),
                         T x MAMBA_BYTES_PER_WIDTH x Mamba in_proj width)
 
-(nemotron-h-8b: 2% high at 8192, 9% at 2048). Families the models do not run yet (MoE, MLA,
+(nemotron-h-8b: 2% high at 8192, 9% at 2048; qwen3-32b, measured after the fit: 0.5% high). Families the models do not run yet (MoE, MLA,
 gated delta net) take the same terms, unmeasured.
 
 Decode. The temp is the bf16 logits of the batch, `B x vocab x 2` bytes (qwen3-8b: 64 x
