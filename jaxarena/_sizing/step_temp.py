@@ -34,8 +34,8 @@ and XLA gives their bytes to the scores. So the estimate is the larger of the tw
                           + T x PREFILL_BYTES_PER_WIDTH x max(hidden, intermediate, MoE width),
                         T x MAMBA_BYTES_PER_WIDTH x Mamba in_proj width)
 
-(nemotron-h-8b: 2% high at 8192, 9% at 2048; qwen3-32b, measured after the fit: 0.5% high). Families the models do not run yet (MoE, MLA,
-gated delta net) take the same terms, unmeasured.
+(nemotron-h-8b: 2% high at 8192, 9% at 2048; qwen3-32b, measured after the fit: 0.5% high).
+Families the models do not run yet (MoE, MLA, gated delta net) take the same terms, unmeasured.
 
 Decode. The temp is the bf16 logits of the batch, `B x vocab x 2` bytes (qwen3-8b: 64 x
 151,936 x 2 = 19,447,808 of 19,448,336), plus a few small buffers (`DECODE_FIXED` covers them).
