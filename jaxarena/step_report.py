@@ -172,12 +172,15 @@ class _ShapeReader(Reader):
         return tuple(parts)
 
 
-def _abstract_params(source: ModelSource, arch: Any, raw: dict[str, Any]) -> dict[str, Any]:
+def _abstract_params(source: ModelSource, arch: Any, raw: dict[str, Any], *,
+                     headers: bool = True) -> dict[str, Any]:  # fmt: skip
     """The weights `load_pretrained` would place, as `ShapeDtypeStruct`s (the same tree as
-    `Family.read_params`: `{"embed", "layers", "final_norm"[, "lm_head"]}`)."""
+    `Family.read_params`: `{"embed", "layers", "final_norm"[, "lm_head"]}`); `headers`: check
+    them against the checkpoint's safetensors headers (when there is a checkpoint)."""
     cfg = source.config
     family = family_for(raw.get("model_type"), source.path)
-    reader = _ShapeReader(source.checkpoint, fp8_spec(raw, source.path), _float_dtype(raw))
+    ckpt = source.checkpoint if headers else None
+    reader = _ShapeReader(ckpt, fp8_spec(raw, source.path), _float_dtype(raw))
     names = family.tensor_names(cfg, arch)
     h, v = cfg.hidden_size, cfg.vocab_size
     layers = [block.read_params(reader, cfg, prefix, norm)
@@ -208,7 +211,8 @@ def abstract_model(
       target: "h200", "b200" or "cpu" (which `Target` sizes the plan; Pallas interpret mode off
         for the GPU targets).
       weights: None: as the checkpoint / config stores them; "fp8": FP8 block-scaled linear
-        weights even when the config is float (as `--weights fp8` budgets them); "bf16": float.
+        weights even when the config is float (as `--weights fp8` budgets them); "bf16": float
+        (`torch_dtype`). Given, a checkpoint's headers are not consulted.
 
     Returns:
       `(model, params, caches)`; params and caches are trees of `ShapeDtypeStruct`s.
@@ -248,7 +252,8 @@ def abstract_model(
                  max_seq_len=max_seq_len, kv_block_size=kv_block_size,
                  max_batch_size=max_batch_size, target=sizing, levers=levers,
                  interpret=None if target == "cpu" else False)  # fmt: skip
-    params = _abstract_params(source, arch, raw)
+    # A weight format other than the checkpoint's: shapes from the config, dtypes from `weights`.
+    params = _abstract_params(source, arch, raw, headers=weights is None)
     rows = max_batch_size + 1  # as load_pretrained: + the padding sequence of a prefill
     # The KV page pool: one longest sequence's pages. A step's cost does not depend on the
     # pool's size (the pages are indexed in place), and a pool of every slot at full length

@@ -45,6 +45,8 @@ def test_abstract_weights_are_the_loaded_ones_without_bytes(runs, tmp_path):
     mlp = fp8["layers"][1]["w_up"]
     assert mlp["w"].dtype == np.dtype("float8_e4m3fn") and mlp["w"].shape == (128, 64)
     assert mlp["scale_inv"].shape == (1, 1) and fp8["embed"].dtype == params["embed"].dtype
+    # Asked of a bf16 checkpoint, another format takes the config's shapes, not the headers.
+    assert _types(abstract_model(LLAMA, target="cpu", weights="fp8", **LIMITS)[1]) == _types(fp8)
 
 
 def test_cpu_figures_are_those_of_the_loaded_model(runs):
