@@ -69,3 +69,27 @@ def add_budget_options(p: argparse.ArgumentParser) -> None:
         default=None,
         help="memory left to the runtime and XLA, e.g. 4GiB (default 1 GiB + 5%%)",
     )
+
+
+def add_step_report_options(p: argparse.ArgumentParser) -> None:
+    """`jaxarena step-report`'s options: the model, the compile target, the serve limits."""
+    p.add_argument("model", help="preset name, config.json path, or checkpoint directory "
+                   "(only its config and safetensors headers are read)")  # fmt: skip
+    p.add_argument("--target", choices=("h200", "b200", "cpu"), default="h200",
+                   help="compile for an H200 / B200 without a GPU (needs the CUDA plugin) or "
+                   "for this CPU (default %(default)s)")  # fmt: skip
+    p.add_argument("--max-batch-tokens", type=int, default=DEFAULT_LIMITS["max_batch_tokens"],
+                   help="prefill tokens (default %(default)s)")  # fmt: skip
+    p.add_argument("--max-seq-len", type=int, default=DEFAULT_LIMITS["max_seq_len"],
+                   help="longest sequence (default %(default)s)")  # fmt: skip
+    p.add_argument("--kv-block-size", type=int, default=DEFAULT_LIMITS["kv_block_size"],
+                   help="paged-KV block size in tokens (default %(default)s)")  # fmt: skip
+    p.add_argument("--max-batch-size", type=int, default=DEFAULT_LIMITS["max_batch_size"],
+                   help="decode sequences (default %(default)s)")  # fmt: skip
+    p.add_argument(
+        "--weights",
+        choices=("bf16", "fp8"),
+        default=None,
+        help="weight format (default: as the checkpoint / config stores them)",
+    )
+    p.add_argument("--json", action="store_true", help="machine-readable output")

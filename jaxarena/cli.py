@@ -1,10 +1,11 @@
-"""The `jaxarena` command line: `plan`, `budget`, `fit`, `demo` and `generate`.
+"""The `jaxarena` command line: `plan`, `budget`, `fit`, `step-report`, `demo`, `generate`.
 
 jaxarena plan qwen3-8b --max-batch-tokens 8192 --max-seq-len 32768
 jaxarena plan ./config.json --json
 jaxarena budget qwen3-30b-a3b --memory 141GB --tp 8 --ep 8 --weights fp8
 jaxarena fit qwen3-32b --memory 80GB --sequences 16
 jaxarena fit qwen3-32b --memory 24GiB --arena-only
+jaxarena step-report qwen3-8b --target h200 --json
 jaxarena demo
 jaxarena generate ./checkpoint-dir --prompt-ids 1,2,3 --max-new-tokens 16
 """
@@ -35,7 +36,12 @@ from jaxarena import (
     presets,
 )
 from jaxarena._arena.report import plot_plan
-from jaxarena._cli_options import DEFAULT_LIMITS, add_budget_options, add_limits
+from jaxarena._cli_options import (
+    DEFAULT_LIMITS,
+    add_budget_options,
+    add_limits,
+    add_step_report_options,
+)
 from jaxarena._units import format_bytes, plural
 
 DEFAULT_MODEL = "qwen3-8b"
@@ -85,11 +91,18 @@ def _load_model(spec: str | None):
     name = spec or DEFAULT_MODEL
     if name in presets():
         return ModelConfig.preset(name)
-    if Path(name).exists():
+    if _exists(name):
         return ModelConfig.from_hf(name)
     if re.fullmatch(r"[\w.-]+/[\w.-]+", name) and not name.endswith(".json"):
         return ModelConfig.from_hf(name)  # a hub repo id (needs huggingface_hub)
     raise CliError(f"no preset or file named {name!r}; presets: {', '.join(presets())}")
+
+
+def _exists(path: str) -> bool:
+    try:  # a name past the file system's limits is no file (ENAMETOOLONG), not a crash
+        return Path(path).exists()
+    except OSError:
+        return False
 
 
 def _resolve_target(name: str) -> Target:
@@ -230,11 +243,18 @@ def _memory(text: str, flag: str = "--memory", *, zero: bool = False) -> int:
         raise CliError(str(e).replace("memory", flag, 1)) from None
 
 
+def _reserve_note(b: MemoryBudget) -> str:
+    if b.reserve_source == "given":
+        return "--reserve"
+    hint = ", see --compiled" if b.reserve_source == "estimated" else ""
+    return f"runtime 1 GiB + XLA temp {format_bytes(b.step_temp_bytes)} ({b.reserve_source}{hint})"
+
+
 def _budget_table(b: MemoryBudget, name: str) -> str:
     rows = [
         ("weights", b.weight_bytes, f"{b.param_count:,} parameters, {b.weights}"),
         ("arena", b.arena_bytes, f"{b.arena} plan"),
-        ("reserve", b.reserve_bytes, "runtime + XLA temporaries"),
+        ("reserve", b.reserve_bytes, _reserve_note(b)),
         ("free for KV + state", b.free_bytes, ""),
         ("KV per token", b.kv_bytes_per_token, f"{b.kv_dtype}, full-attention layers"),
         ("state per sequence", b.state_bytes_per_sequence, "SSM / GDN / sliding-window"),
@@ -264,7 +284,12 @@ def _budget_table(b: MemoryBudget, name: str) -> str:
 
 def cmd_budget(args: argparse.Namespace) -> int:
     config = _load_model(args.model)
-    b = _budget_for(args, config)
+    if args.compiled:  # compiles the steps (imports jax; seconds to minutes)
+        from jaxarena.step_report import budget_step_temp
+
+        b = _budget_for(args, config, step_temp=budget_step_temp(args, CliError))
+    else:
+        b = _budget_for(args, config)
     name = args.model or DEFAULT_MODEL
     if args.json:
         print(json.dumps(b.as_dict(), indent=2))
@@ -404,6 +429,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(steps=args.steps, batch=args.batch, seed=args.seed)
 
 
+def cmd_step_report(args: argparse.Namespace) -> int:
+    # Imported here: jax and the models are what plan/budget/fit never import.
+    from jaxarena.step_report import run_step_report
+
+    return run_step_report(args, CliError)
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     # Imported here: the model and its kernels cost ~0.4 s of import that plan/budget/fit skip.
     from jaxarena.models.generate_cli import run_generate
@@ -443,6 +475,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_budget_options(b)
     add_limits(b)
     b.add_argument("--plot", metavar="PNG", help="draw one stacked bar per device (matplotlib)")
+    b.add_argument("--compiled", action="store_true", help="reserve the XLA temp of the steps "
+                   "compiled for --target hopper (an H200) or b200, not an estimate")  # fmt: skip
     b.set_defaults(func=cmd_budget)
     f = sub.add_parser(
         "fit",
@@ -463,6 +497,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_limits(f, with_tokens=False, batch_default=None)
     f.set_defaults(func=cmd_fit)
+    r = sub.add_parser("step-report", help="compile the prefill and decode steps for a GPU "
+                       "(no GPU, no weights needed): temp bytes, launches, spills")  # fmt: skip
+    add_step_report_options(r)
+    r.set_defaults(func=cmd_step_report)
     d = sub.add_parser("demo", help="run the reference hybrid model's decode loop on the arena")
     d.add_argument("--steps", type=int, default=32,
                    help=f"decode steps, 1..{DEMO_MAX_STEPS} (default %(default)s)")  # fmt: skip

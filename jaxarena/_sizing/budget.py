@@ -3,7 +3,9 @@ tp x ep mesh, the answers an operator asks (`max_kv_tokens`, `max_sequences`, `f
 would make it fit), the unbounded `fit_max_batch_tokens` search, and a per-device plot.
 
 The weight, KV and state figures come from `jaxarena._sizing.weights`; the arena from
-`BufferSizes.from_config` and `ArenaPlan` (no second size computation).
+`BufferSizes.from_config` and `ArenaPlan` (no second size computation); the reserve from
+`jaxarena._sizing.step_temp` (the runtime's share plus the steps' XLA temp, compiled or
+estimated).
 """
 
 from __future__ import annotations
@@ -30,41 +32,31 @@ from jaxarena._figure import (
 )
 from jaxarena._sizing.buffers import BufferSizes
 from jaxarena._sizing.cache import dtype_bytes, kv_bytes_per_token, state_bytes_per_sequence
+from jaxarena._sizing.step_temp import RUNTIME_RESERVE, estimate_step_temp
 from jaxarena._sizing.weights import mtp_param_count, param_count, weight_bytes
 from jaxarena._units import format_bytes, parse_memory, plural
 
 __all__ = [
     "BUDGET_KEYS",
-    "DEFAULT_RESERVE_FIXED",
-    "DEFAULT_RESERVE_FRACTION",
     "MemoryBudget",
-    "default_reserve",
     "draw_budget",
     "fit_max_batch_tokens",
     "plot_budget",
 ]
 
-GIB = 1 << 30
-# The default reserve for what the static plan cannot see: 1 GiB for the CUDA context's share
-# of the pool, cuBLAS/cuDNN workspaces and NCCL channel buffers, plus 5% of the device against
-# the allocator's fragmentation and XLA's few own temporaries (fusion scratch, collectives
-# staging). For comparison, JAX preallocates 75% of a GPU by default and vLLM uses 90%.
-DEFAULT_RESERVE_FIXED = GIB
-DEFAULT_RESERVE_FRACTION = 0.05
+# The limits a compiled `step_temp` was measured at: `replace` drops it when one changes.
+_STEP_TEMP_INPUTS = ("config", "max_batch_tokens", "max_seq_len", "kv_block_size",
+                     "max_batch_size", "tp", "ep", "weights", "kv_dtype", "state_dtype", "target")  # fmt: skip
 
 # The keys of `MemoryBudget.as_dict()` (and of `jaxarena budget --json`), in order.
 BUDGET_KEYS = (
     "model", "memory_bytes", "tp", "ep", "weights", "kv_dtype", "arena",
     "max_batch_tokens", "max_seq_len", "kv_block_size", "max_batch_size",
     "param_count", "mtp_param_count", "weight_bytes", "kv_bytes_per_token",
-    "state_bytes_per_sequence", "sequence_bytes", "arena_bytes", "reserve_bytes", "free_bytes",
+    "state_bytes_per_sequence", "sequence_bytes", "arena_bytes", "reserve_bytes",
+    "step_temp_bytes", "reserve_source", "free_bytes",
     "max_kv_tokens", "max_kv_blocks", "max_sequences", "fits", "shortfall_bytes",
 )  # fmt: skip
-
-
-def default_reserve(memory_bytes: int) -> int:
-    """`DEFAULT_RESERVE_FIXED + DEFAULT_RESERVE_FRACTION * memory_bytes` (see their comment)."""
-    return DEFAULT_RESERVE_FIXED + int(memory_bytes * DEFAULT_RESERVE_FRACTION)
 
 
 def _check_int(name: str, value: Any, lo: int) -> str | None:
@@ -94,7 +86,9 @@ class MemoryBudget:
       arena: "sequential" (every buffer its own bytes) or "packed" (buffers never live
         together share bytes, `ArenaPlan.packed` with `Lifetimes.standard`).
       reserve: bytes left to the runtime and XLA outside the plan (`reserve_bytes`); None
-        means `default_reserve(memory_bytes)` = 1 GiB + 5% of the memory.
+        means `RUNTIME_RESERVE` (1 GiB) + `step_temp_bytes`.
+      step_temp: XLA's temp bytes of the compiled steps (the larger of prefill and decode,
+        `jaxarena.step_report`); None: estimated (`jaxarena._sizing.step_temp`).
       levers, target: as for `BufferSizes.from_config` (None: from the environment / the
         detected device).
       align_bytes: arena region alignment.
@@ -117,6 +111,7 @@ class MemoryBudget:
     state_dtype: str = "f32"
     arena: str = "sequential"
     reserve: int | None = None
+    step_temp: int | None = None
     levers: Any = None
     target: Any = None
     align_bytes: int = 256
@@ -149,16 +144,41 @@ class MemoryBudget:
         r = self.reserve
         if r is not None and (isinstance(r, bool) or not isinstance(r, int) or r < 0):
             raise ValueError(f"reserve={r!r} must be an int >= 0 (bytes) or None (the default)")
+        t = self.step_temp
+        if t is not None and (isinstance(t, bool) or not isinstance(t, int) or t < 0):
+            raise ValueError(f"step_temp={t!r} must be an int >= 0 (bytes) or None (estimated)")
         _ = self.local_config  # validates tp/ep against the model now, not at first use
 
     def replace(self, **changes: Any) -> MemoryBudget:
-        """A copy with `changes` applied (e.g. `weights="fp8"`, `tp=8`)."""
+        """A copy with `changes` applied (e.g. `weights="fp8"`, `tp=8`); a compiled
+        `step_temp` is dropped (estimated again) when a change touches what it measured."""
+        if "step_temp" not in changes and any(
+            k in _STEP_TEMP_INPUTS and v != getattr(self, k) for k, v in changes.items()
+        ):
+            changes["step_temp"] = None
         return dataclasses.replace(self, **changes)
 
     @property
     def reserve_bytes(self) -> int:
-        """Memory left to the runtime and XLA: `reserve`, or 1 GiB + 5% of the memory."""
-        return default_reserve(self.memory_bytes) if self.reserve is None else self.reserve
+        """Memory left to the runtime and XLA: `reserve`, or `RUNTIME_RESERVE` (1 GiB) +
+        `step_temp_bytes`."""
+        return RUNTIME_RESERVE + self.step_temp_bytes if self.reserve is None else self.reserve
+
+    @functools.cached_property
+    def step_temp_bytes(self) -> int:
+        """XLA's temp bytes of the steps on this device: `step_temp` when compiled, else
+        `estimate_step_temp` of the sharded config at these limits."""
+        if self.step_temp is not None:
+            return self.step_temp
+        return estimate_step_temp(self.local_config, self.max_batch_tokens, self.max_batch_size)
+
+    @property
+    def reserve_source(self) -> str:
+        """Where `reserve_bytes` comes from: `"given"` (`reserve`), `"compiled"` (1 GiB + a
+        compiled `step_temp`) or `"estimated"` (1 GiB + the estimate)."""
+        if self.reserve is not None:
+            return "given"
+        return "estimated" if self.step_temp is None else "compiled"
 
     # -- the parts ------------------------------------------------------------------------------
 
@@ -300,6 +320,8 @@ class MemoryBudget:
             "sequence_bytes": self.sequence_bytes,
             "arena_bytes": self.arena_bytes,
             "reserve_bytes": self.reserve_bytes,
+            "step_temp_bytes": self.step_temp_bytes,
+            "reserve_source": self.reserve_source,
             "free_bytes": self.free_bytes,
             "max_kv_tokens": self.max_kv_tokens,
             "max_kv_blocks": self.max_kv_blocks,
