@@ -32,9 +32,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from lm_runs import reference
+from lm_runs import CHECKPOINTS, LIMITS, reference
 
 from jaxarena import ModelConfig
+from jaxarena.models import load_pretrained
 from jaxarena.models.blocks.mla import MLA
 from jaxarena.models.families import family_for
 
@@ -110,6 +111,18 @@ def test_decode_traced_once_in_place(runs, name):
     assert lm.decode_counter.count == 1
     assert lm.arena.unsafe_buffer_pointer() == lm.arena_pointer
     assert lm.model.plan.check_guards(lm.arena) == []
+    mem = lm.step_memory("decode")
+    assert mem["alias"] >= lm.arena_bytes + lm.cache_bytes
+
+
+def test_decode_step_keeps_the_arena_in_place():
+    """As test_pretrained.py's check: the decode step aliases the arena and the caches and
+    needs fewer temp bytes than the arena (a kept copy would need at least the arena). At the
+    shared LIMITS this model's arena (356 kB) is below the step's fixed CPU temp (~500 kB,
+    as large as Llama's), so this one run has room for 512 prompt tokens (arena 2.0 MB;
+    measured temp 1.23 MB)."""
+    lm = load_pretrained(CHECKPOINTS / "deepseek_v3", **{**LIMITS, "max_batch_tokens": 512})
+    lm.generate(reference("deepseek_v3")["prompts"][:2], 2)
     mem = lm.step_memory("decode")
     assert mem["alias"] >= lm.arena_bytes + lm.cache_bytes
     assert mem["temp"] < lm.arena_bytes, mem
