@@ -172,11 +172,20 @@ class MLA(Block):
         return {"latent": flat.at[slots].set(latent.astype(BF16)).reshape(full.shape)}
 
     def _kv_b(self, p, config: ModelConfig):
-        """`(W_uk float32[kv_lora, H, nope], W_uv float32[kv_lora, H, v])`."""
+        """`kv_b_proj` as `[kv_lora, H, nope + v]` (each head's `W_uk | W_uv`) in the stored
+        float dtype (FP8: dequantized to float32). It is used whole, never sliced, and a bf16
+        copy stays bf16: a sliced or float32 copy would be a temporary of up to
+        4 * kv_lora * H * (nope + v) bytes per layer (67 MB for DeepSeek-V3)."""
         H, nope, _, v, kv_lora, _ = mla_dims(config)
         w = p["wkv_b"]
-        w = (dequant_weight(w) if is_fp8(w) else w.astype(F32)).reshape(kv_lora, H, nope + v)
-        return w[..., :nope], w[..., nope:]
+        return (dequant_weight(w) if is_fp8(w) else w).reshape(kv_lora, H, nope + v)
+
+    @staticmethod
+    def _mul(spec: str, x, w):
+        """`einsum(spec, x, w)` accumulated in float32, `x` in `w`'s dtype. Every `x` this
+        block passes holds bf16 values (read from the arena or the bf16 cache), so a bf16
+        `w` makes it exact."""
+        return jnp.einsum(spec, x.astype(w.dtype), w, preferred_element_type=F32)
 
     def _out(self, env: Env, p, arena, o):
         t = o.shape[0]
@@ -197,10 +206,8 @@ class MLA(Block):
         # Attention reads what decode reads: bf16 queries and the bf16 latent rows.
         q = q.astype(BF16).astype(F32)
         lat = latent.astype(BF16).astype(F32)
-        w_uk, w_uv = self._kv_b(params, c)
-        k_nope = jnp.einsum("tc,chn->thn", lat[:, :kv_lora], w_uk)
-        val = jnp.einsum("tc,chv->thv", lat[:, :kv_lora], w_uv)
-        kv = jnp.concatenate([k_nope.reshape(t, -1), val.reshape(t, -1)], -1)
+        kv = self._mul("tc,chd->thd", lat[:, :kv_lora], self._kv_b(params, c))
+        kv = jnp.concatenate([kv[..., :nope].reshape(t, -1), kv[..., nope:].reshape(t, -1)], -1)
         cache, arena = jax.lax.optimization_barrier((cache, arena))
         arena = put(plan, arena, "ssm_qkvz", kv)
         kv = get(plan, arena, "ssm_qkvz", (t, H * (nope + v)))
@@ -223,8 +230,11 @@ class MLA(Block):
         H, nope, rope, v, kv_lora, _ = mla_dims(c)
         arena, q, latent = self._project(env, params, arena, ctx)
         cache = self._append(env, cache, latent, ctx)
-        w_uk, w_uv = self._kv_b(params, c)
-        q_lat = jnp.einsum("bhn,chn->bhc", q[..., :nope], w_uk)
+        w = self._kv_b(params, c)
+        # q_nope W_uk^T over the whole `kv_b` (zeros against W_uv): B rows cost nothing extra,
+        # a sliced W_uk would be a copy of the weight.
+        q_pad = jnp.pad(q[..., :nope], ((0, 0), (0, 0), (0, v)))
+        q_lat = self._mul("bhd,chd->bhc", q_pad, w)
         cache, arena = jax.lax.optimization_barrier((cache, arena))
         arena = put(plan, arena, "ssm_deinterleaved", jnp.concatenate([q_lat, q[..., nope:]], -1))
         qa = plan.view(arena, "ssm_deinterleaved", (b, H, kv_lora + rope), BF16)
@@ -234,7 +244,7 @@ class MLA(Block):
             v_head_dim=kv_lora, levers=env.levers, target=env.target, interpret=env.interpret,
         )  # fmt: skip
         o_lat = get(plan, arena, "attn_output", (b, H, kv_lora))
-        o = jnp.einsum("bhc,chv->bhv", o_lat, w_uv)
+        o = self._mul("bhc,chd->bhd", o_lat, w)[..., nope:]
         arena, out = self._out(env, params, arena, o)
         return arena, cache, out
 
