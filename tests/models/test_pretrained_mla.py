@@ -16,7 +16,8 @@ of the sum, atol = 4 u sqrt(n / 3) max|z_ref|), with the MLA block's stores coun
     `qkv_output`, the latent cache, the expanded `[K | V]` rows in `ssm_qkvz`: 3).
   So MLA counts 2 + 1 + 2 * (2 + 3) = 13 (15 with a q LoRA); the SwiGLU MLP 6 as before.
 Per fixture (n; bound; largest difference measured when written, prefill / decode):
-deepseek_v2 (39; 0.177; 0.106 / 0.112), deepseek_v3 (43; 0.197; 0.119 / 0.189).
+deepseek_v2 (39; 0.176; 0.106 / 0.112), deepseek_v3 (43; 0.197; 0.119 / 0.189); decode
+against the prefill recomputation: 0.141 and 0.133 (bound 2 atol).
 
 Greedy tokens and teacher forcing: as in test_pretrained.py (compared where transformers'
 top-2 gap exceeds 2 atol, resp. the recomputation's exceeds 4 atol, with the earlier tokens
@@ -84,9 +85,9 @@ def test_greedy_tokens_match_transformers(runs, name):
     same_prefix = np.cumprod(np.concatenate([np.ones((got.shape[0], 1), bool),
                                              got[:, :-1] == want[:, :-1]], 1), 1).astype(bool)  # fmt: skip
     mask = (ref["greedy_top2_gap"] > 2 * atol) & same_prefix
-    # Measured: 10 (v2) and 9 (v3) of the 32 choices are decided at this margin, and all 32
+    # Measured: 15 of the 32 choices are decided at this margin in both fixtures, and all 32
     # tokens agree; the floor keeps the comparison from becoming vacuous.
-    assert mask.sum() >= 6, f"only {mask.sum()} of {mask.size} choices decided"
+    assert mask.sum() >= 8, f"only {mask.sum()} of {mask.size} choices decided"
     np.testing.assert_array_equal(got[mask], want[mask])
 
 
@@ -98,6 +99,8 @@ def test_decode_loop_equals_teacher_forcing(runs, name):
     np.testing.assert_allclose(r["logits"], r["forced"], atol=2 * atol, rtol=0)
     forced = np.argmax(r["forced"], -1)
     mask = top2_gap(r["forced"]) > 4 * atol
+    # Measured: 10 (v2) and 8 (v3) of the 32 choices decided at this margin.
+    assert mask.sum() >= 4, f"only {mask.sum()} of {mask.size} choices decided"
     np.testing.assert_array_equal(r["tokens"][mask], forced[mask])
 
 
