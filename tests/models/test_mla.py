@@ -160,3 +160,31 @@ def test_absorbed_decode_equals_expanded_attention(name, levers_target):
     ordered = np.arange(bsz * PAGES_PER_SEQ, dtype=np.int32).reshape(bsz, PAGES_PER_SEQ)
     wrong, _, _ = _expanded(params, x.astype(np.float64), lat, ordered, cfg, block, scale)
     assert np.abs(wrong - want).max() > 3 * atol
+
+
+def test_latent_partials_fit_the_workspace():
+    """The workspace is sized by `head_dim + 2` f32 per slot; the latent partials take
+    `kv_lora + 2`, wider for DeepSeek (512 against 192): the split count is lowered until
+    they fit, and kept where they already do. (Hopper, 64 sequences: V2-Lite's 16 heads get
+    6 splits instead of the policy's 16, V3's 128 heads 1 instead of 3.)"""
+    from pallas_kernels.splitk_decode_attention import splitk_num_splits
+
+    levers, target = Levers(), Target.preset("hopper")
+    lowered = 0
+    for heads in (16, 128):
+        cfg = ModelConfig(num_attention_heads=heads, num_key_value_heads=heads, head_dim=192,
+                          kv_lora_rank=512, qk_rope_head_dim=64, hidden_size=1024,
+                          intermediate_size=64, vocab_size=64, num_hidden_layers=1)  # fmt: skip
+        sizes = BufferSizes.from_config(cfg, 16, 4096, 16, 64, levers=levers, target=target)
+        plan = ArenaPlan.sequential(sizes)
+        env = Env(config=cfg, plan=plan, kv_block_size=16, target=target, levers=levers)
+        cap = plan.regions["splitk_workspace"].nbytes
+        for b in (1, 8, 64):
+            n = MLA()._num_splits(env, b)
+            policy = splitk_num_splits(b, heads, levers=levers, target=target)
+            assert 1 <= n <= policy
+            assert n == 1 or b * heads * n * (512 + 2) * 4 <= cap
+            if b * heads * policy * (512 + 2) * 4 <= cap:
+                assert n == policy
+            lowered += n < policy
+    assert lowered >= 2  # the lowering is exercised
