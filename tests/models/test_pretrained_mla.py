@@ -162,3 +162,22 @@ def test_real_configs(name, tmp_path):
     else:
         assert mla.yarn is None
     assert math.isclose(mla.sm_scale(cfg), scale, rel_tol=1e-12)
+
+
+def test_mtp_layers_are_skipped_other_extra_tensors_are_not(tmp_path):
+    """Tensors of layers past `num_hidden_layers` (DeepSeek-V3's multi-token-prediction
+    layers) load and are not read; an unknown tensor of a decoder layer is still an error."""
+    from test_checkpoint_errors import make, tensors_of
+
+    from jaxarena.models import CheckpointError
+
+    t = tensors_of("deepseek_v3")
+    mtp = {"model.layers.2.eh_proj.weight": t["model.layers.0.mlp.up_proj.weight"],
+           "model.layers.2.self_attn.kv_b_proj.weight": t["model.layers.0.self_attn.kv_b_proj.weight"]}  # fmt: skip
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    lm = load_pretrained(make(tmp_path / "a", "deepseek_v3", tensors={**t, **mtp}), **LIMITS)
+    assert len(lm.model.arch.blocks) == 4
+    extra = {"model.layers.1.self_attn.q_proj.weight": t["model.layers.0.mlp.up_proj.weight"]}
+    with pytest.raises(CheckpointError, match="q_proj"):
+        load_pretrained(make(tmp_path / "b", "deepseek_v3", tensors={**t, **extra}), **LIMITS)
