@@ -10,6 +10,7 @@ from jaxarena.models.blocks.attention import Attention
 from jaxarena.models.blocks.base import Block
 from jaxarena.models.blocks.gated_deltanet import GatedDeltaNet
 from jaxarena.models.blocks.mamba2 import Mamba2
+from jaxarena.models.blocks.mla import MLA
 from jaxarena.models.blocks.mlp import MLP
 
 __all__ = ["BLOCKS", "LAYER_TYPES", "block_kind"]
@@ -20,6 +21,7 @@ BLOCKS: dict[str, type[Block]] = {
     GatedDeltaNet.kind: GatedDeltaNet,
     Mamba2.kind: Mamba2,
     MLP.kind: MLP,
+    MLA.kind: MLA,
 }
 
 # A config's `layer_types` entry -> block kind (the names Nemotron-H-style configs use).

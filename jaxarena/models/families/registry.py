@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from jaxarena.models.families.base import Family, unsupported
+from jaxarena.models.families.deepseek import DeepseekV2, DeepseekV3
 from jaxarena.models.families.gemma import Gemma2, Gemma3
 from jaxarena.models.families.llama import Llama
 from jaxarena.models.families.mamba2 import Mamba2Family
@@ -18,7 +19,8 @@ from jaxarena.models.families.qwen3_next import Qwen3Next
 __all__ = ["FAMILIES", "SUPPORTED_FAMILIES", "family_for"]
 
 _FAMILY_LIST: tuple[Family, ...] = (Llama(), Qwen3(), Mamba2Family(), NemotronH(), Qwen2(),
-                                    Gemma2(), Gemma3(), Qwen3_5(), Qwen3Next())  # fmt: skip
+                                    Gemma2(), Gemma3(), Qwen3_5(), Qwen3Next(), DeepseekV2(),
+                                    DeepseekV3())  # fmt: skip
 FAMILIES: dict[str, Family] = {t: f for f in _FAMILY_LIST for t in f.model_types}
 SUPPORTED_FAMILIES = tuple(FAMILIES)
 

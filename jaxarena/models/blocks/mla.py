@@ -1,0 +1,263 @@
+"""Multi-head latent attention (DeepSeek-V2/V3, Kimi-K2) over a paged latent cache.
+
+Per token: the query (`q_proj`, or `q_a_proj -> q_a_layernorm -> q_b_proj` with a q LoRA) is
+`H` heads of `[nope | rope]`; `kv_a_proj_with_mqa` gives the latent `c` (`kv_lora_rank`,
+normed by `kv_a_layernorm`) and one shared RoPE key (`qk_rope_head_dim`). The cache holds only
+`[c | k_rope]` per token (`[num_blocks, kv_block_size, 1, kv_lora_rank + qk_rope_head_dim]`,
+what the memory budget counts). `kv_b_proj` maps the latent to each head's `k_nope` and `v`.
+
+Decode ABSORBS `kv_b_proj`: the query becomes `[q_nope W_uk^T | q_rope]` per head (width
+`kv_lora_rank + rope`), attention runs over the latent cache itself (split-K's latent path,
+the values being the cache's first `kv_lora_rank` columns) and the latent output is mapped
+through `W_uv` before `o_proj`. Per step that reads `L * (kv_lora + rope)` cache values per
+sequence instead of expanding `L * H * (nope + v)`.
+
+Prefill EXPANDS `kv_b_proj` per chunk (the whole packed prompt is one chunk): keys
+`[c W_uk | k_rope]` and values `c W_uv` per head, then causal attention with the q/k width
+`nope + rope` and value width `v`. Why not absorb there as well: absorbed attention costs
+`H * T^2 * (2 kv_lora + rope)` multiply-adds per chunk (1088 per query-key pair and head for
+DeepSeek-V3) against `H * T^2 * (nope + rope + v)` (320) expanded, while the expansion itself
+is linear in `T` (`T * kv_lora * H * (nope + v)`): for any prompt longer than a few tokens
+expanding is cheaper, and it keeps prefill on the ordinary (D_qk != D_v) attention path. The
+absorbed prefill was not built to measure it against. Measured with a deviceless H200 compile
+of one DeepSeek-V3 layer (8 sequences, 64-token pages): decode 35 launches and 3.0 MB temp
+(a Llama-3.1-8B attention block: 14 launches); prefill of 256 tokens 34 launches and 117 MB
+temp, most of it the dense `[H, T, T]` logits and probabilities of this einsum attention.
+
+Softmax scale: `(nope + rope)^-1/2`, times YaRN's `mscale(factor, mscale_all_dim)^2` when
+the config has YaRN with `mscale_all_dim` (transformers' `yarn_apply_mscale`); cos/sin carry
+YaRN's `attention_factor` (see `jaxarena.models.core.mla_rope`).
+
+Arena regions: `ssm_ba` (the normed q latent), `qkv_output` (`[q | c_raw | k_rope_raw]` rows),
+`ssm_qkvz` (prefill's expanded `[K | V]` rows), `ssm_deinterleaved` (decode's absorbed query),
+`attn_output` (decode's latent output `[B, H * kv_lora]`, then the `[T, H * v]` rows into
+`o_proj`), `splitk_workspace`, the FP8 activation buffers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+
+from jaxarena import ModelConfig, workspaces
+from jaxarena.models.blocks.base import Block, Env, StepContext, dense_init
+from jaxarena.models.core.arena import BF16, F32, dequant_weight, get, is_fp8, linear, put
+from jaxarena.models.core.mla_rope import Yarn, inverse_frequencies, mla_rope
+from jaxarena.models.core.norms import rms_norm
+from pallas_kernels import splitk_decode_attention_into
+from pallas_kernels.splitk_decode_attention import splitk_num_splits
+
+__all__ = ["MLA", "mla_dims"]
+
+
+def mla_dims(config: ModelConfig) -> tuple[int, int, int, int, int, int]:
+    """`(H, nope, rope, v, kv_lora, q_lora)` of an MLA config (`head_dim = nope + rope`)."""
+    rope = config.qk_rope_head_dim
+    nope = config.head_dim - rope
+    v = config.v_head_dim or nope
+    return config.num_attention_heads, nope, rope, v, config.kv_lora_rank, config.q_lora_rank
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MLA(Block):
+    """Multi-head latent attention (see the module docstring); dimensions from the config
+    (`head_dim = qk_nope + qk_rope`, `qk_rope_head_dim`, `v_head_dim`, `kv_lora_rank`,
+    `q_lora_rank`, 0 for a plain `q_proj`).
+
+    Attributes:
+      rope_theta: the RoPE base.
+      rope_interleave: RoPE pairs are adjacent dimensions (DeepSeek's checkpoints; transformers'
+        `rope_interleave`, always so for `deepseek_v2`), else the rotate-half halves.
+      yarn: YaRN scaling, or None.
+      rms_eps: epsilon of `q_a_layernorm` and `kv_a_layernorm`.
+
+    Parameters: `wq` (`[hidden, H (nope + rope)]`) or `wq_a` (`[hidden, q_lora]`), `q_a_norm`,
+    `wq_b` (`[q_lora, H (nope + rope)]`); `wkv_a` (`[hidden, kv_lora + rope]`), `kv_a_norm`
+    (`[kv_lora]`), `wkv_b` (`[kv_lora, H (nope + v)]`), `wo` (`[H v, hidden]`).
+    Cache: `{"latent": bfloat16[num_blocks, kv_block_size, 1, kv_lora + rope]}`.
+    """
+
+    kind: ClassVar[str] = "mla"
+    rope_theta: float = 10000.0
+    rope_interleave: bool = True
+    yarn: Yarn | None = None
+    rms_eps: float = 1e-6
+
+    def sm_scale(self, config: ModelConfig) -> float:
+        """The softmax scale (see the module docstring)."""
+        s = 1.0 / math.sqrt(config.head_dim)
+        return s * (self.yarn.softmax_factor() if self.yarn is not None else 1.0)
+
+    def _rope(self, x, positions, rope: int):
+        inv = inverse_frequencies(rope, self.rope_theta, self.yarn)
+        scale = self.yarn.cos_sin_factor() if self.yarn is not None else 1.0
+        return mla_rope(x, positions, inv, interleave=self.rope_interleave, scale=scale)
+
+    def init_params(self, config: ModelConfig, keys: Iterator[jax.Array]) -> dict[str, Any]:
+        """Random projections (unit norms)."""
+        hd, nope, rope, v, kv_lora, q_lora = mla_dims(config)
+        h = config.hidden_size
+        p: dict[str, Any] = {}
+        if q_lora:
+            p["wq_a"] = dense_init(keys, h, q_lora)
+            p["q_a_norm"] = jnp.ones((q_lora,), F32)
+            p["wq_b"] = dense_init(keys, q_lora, hd * (nope + rope))
+        else:
+            p["wq"] = dense_init(keys, h, hd * (nope + rope))
+        p["wkv_a"] = dense_init(keys, h, kv_lora + rope)
+        p["kv_a_norm"] = jnp.ones((kv_lora,), F32)
+        p["wkv_b"] = dense_init(keys, kv_lora, hd * (nope + v))
+        p["wo"] = dense_init(keys, hd * v, h)
+        return p
+
+    def read_params(self, reader: Any, config: ModelConfig, prefix: str,
+                    norm: str) -> dict[str, Any]:  # fmt: skip
+        """`{prefix}.{q_proj | q_a_proj, q_a_layernorm, q_b_proj}`, `kv_a_proj_with_mqa`,
+        `kv_a_layernorm`, `kv_b_proj`, `o_proj`."""
+        H, nope, rope, v, kv_lora, q_lora = mla_dims(config)
+        h = config.hidden_size
+        p = {"norm": reader.vector(norm, h)}
+        if q_lora:
+            p["wq_a"] = reader.linear(f"{prefix}.q_a_proj", q_lora, h)
+            p["q_a_norm"] = reader.vector(f"{prefix}.q_a_layernorm.weight", q_lora)
+            p["wq_b"] = reader.linear(f"{prefix}.q_b_proj", H * (nope + rope), q_lora)
+        else:
+            p["wq"] = reader.linear(f"{prefix}.q_proj", H * (nope + rope), h)
+        p["wkv_a"] = reader.linear(f"{prefix}.kv_a_proj_with_mqa", kv_lora + rope, h)
+        p["kv_a_norm"] = reader.vector(f"{prefix}.kv_a_layernorm.weight", kv_lora)
+        p["wkv_b"] = reader.linear(f"{prefix}.kv_b_proj", H * (nope + v), kv_lora)
+        p["wo"] = reader.linear(f"{prefix}.o_proj", h, H * v)
+        return p
+
+    def init_cache(self, config: ModelConfig, *, num_blocks: int, kv_block_size: int,
+                   rows: int) -> dict[str, jax.Array]:  # fmt: skip
+        """A zeroed paged latent cache `bfloat16[num_blocks, kv_block_size, 1, kv_lora + rope]`."""
+        _, _, rope, _, kv_lora, _ = mla_dims(config)
+        return {"latent": jnp.zeros((num_blocks, kv_block_size, 1, kv_lora + rope), BF16)}
+
+    # -- shared pieces -----------------------------------------------------------------------------
+
+    def _project(self, env: Env, p, arena, ctx: StepContext):
+        """q and the raw latent into `qkv_output`; returns `(arena, q [T, H, nope + rope]
+        (RoPE applied), latent [T, kv_lora + rope] (normed c, RoPE'd key))`."""
+        c, t, plan, it = env.config, ctx.num_tokens, env.plan, env.interpret
+        H, nope, rope, v, kv_lora, q_lora = mla_dims(c)
+        h, regions = c.hidden_size, workspaces.FP8_ACT_REGIONS
+        if q_lora:
+            arena, qa = linear(plan, arena, "norm_output", (t, h), p["wq_a"], regions,
+                               interpret=it)  # fmt: skip
+            arena = put(plan, arena, "ssm_ba", rms_norm(qa, p["q_a_norm"], self.rms_eps))
+            # The q latent's width is no FP8 activation buffer's K: its bf16 rows are used.
+            arena, q = linear(plan, arena, "ssm_ba", (t, q_lora), p["wq_b"], None, interpret=it)
+        else:
+            arena, q = linear(plan, arena, "norm_output", (t, h), p["wq"], regions, interpret=it)
+        arena, kv = linear(plan, arena, "norm_output", (t, h), p["wkv_a"], regions, interpret=it)
+        qw = H * (nope + rope)
+        arena = put(plan, arena, "qkv_output", jnp.concatenate([q, kv], -1))
+        rows = get(plan, arena, "qkv_output", (t, qw + kv_lora + rope))
+        q = rows[:, :qw].reshape(t, H, nope + rope)
+        q = jnp.concatenate([q[..., :nope], self._rope(q[..., nope:], ctx.positions, rope)], -1)
+        lat = rms_norm(rows[:, qw : qw + kv_lora], p["kv_a_norm"], self.rms_eps)
+        k_rope = self._rope(rows[:, None, qw + kv_lora :], ctx.positions, rope)[:, 0]
+        return arena, q, jnp.concatenate([lat, k_rope], -1)
+
+    def _append(self, env: Env, cache, latent, ctx: StepContext):
+        bs = env.kv_block_size
+        pos = ctx.positions
+        slots = ctx.block_tables[ctx.seq_ids, pos // bs] * bs + pos % bs
+        full = cache["latent"]
+        flat = full.reshape(-1, full.shape[-1])
+        return {"latent": flat.at[slots].set(latent.astype(BF16)).reshape(full.shape)}
+
+    def _kv_b(self, p, config: ModelConfig):
+        """`kv_b_proj` as `[kv_lora, H, nope + v]` (each head's `W_uk | W_uv`) in the stored
+        float dtype (FP8: dequantized to float32). It is used whole, never sliced, and a bf16
+        copy stays bf16: a sliced or float32 copy would be a temporary of up to
+        4 * kv_lora * H * (nope + v) bytes per layer (67 MB for DeepSeek-V3)."""
+        H, nope, _, v, kv_lora, _ = mla_dims(config)
+        w = p["wkv_b"]
+        return (dequant_weight(w) if is_fp8(w) else w).reshape(kv_lora, H, nope + v)
+
+    @staticmethod
+    def _mul(spec: str, x, w):
+        """`einsum(spec, x, w)` accumulated in float32, `x` in `w`'s dtype. Every `x` this
+        block passes holds bf16 values (read from the arena or the bf16 cache), so a bf16
+        `w` makes it exact."""
+        return jnp.einsum(spec, x.astype(w.dtype), w, preferred_element_type=F32)
+
+    def _out(self, env: Env, p, arena, o):
+        t = o.shape[0]
+        arena = put(env.plan, arena, "attn_output", o.reshape(t, -1))
+        return linear(env.plan, arena, "attn_output", (t, o.shape[1] * o.shape[2]), p["wo"],
+                      workspaces.FP8_ACT_REGIONS, interpret=env.interpret)  # fmt: skip
+
+    # -- steps -------------------------------------------------------------------------------------
+
+    def prefill(self, env: Env, params, arena, cache, ctx: StepContext):
+        """Appends the prompts' latents; expanded causal attention within each packed sequence
+        (the keys and values expanded from the bf16 cache rows, through `ssm_qkvz`); `o_proj`.
+        Returns `(arena, cache, out)`."""
+        c, t, plan = env.config, ctx.num_tokens, env.plan
+        H, nope, rope, v, kv_lora, _ = mla_dims(c)
+        arena, q, latent = self._project(env, params, arena, ctx)
+        cache = self._append(env, cache, latent, ctx)
+        # Attention reads what decode reads: bf16 queries and the bf16 latent rows.
+        q = q.astype(BF16).astype(F32)
+        lat = latent.astype(BF16).astype(F32)
+        kv = self._mul("tc,chd->thd", lat[:, :kv_lora], self._kv_b(params, c))
+        kv = jnp.concatenate([kv[..., :nope].reshape(t, -1), kv[..., nope:].reshape(t, -1)], -1)
+        cache, arena = jax.lax.optimization_barrier((cache, arena))
+        arena = put(plan, arena, "ssm_qkvz", kv)
+        kv = get(plan, arena, "ssm_qkvz", (t, H * (nope + v)))
+        k_nope = kv[:, : H * nope].reshape(t, H, nope)
+        val = kv[:, H * nope :].reshape(t, H, v)
+        k_rope = lat[:, kv_lora:]
+        logits = (jnp.einsum("thn,uhn->htu", q[..., :nope], k_nope)
+                  + jnp.einsum("thr,ur->htu", q[..., nope:], k_rope)) * self.sm_scale(c)  # fmt: skip
+        idx, seq = jnp.arange(t, dtype=jnp.int32), ctx.seq_ids
+        mask = (seq[:, None] == seq[None, :]) & (idx[None, :] <= idx[:, None])
+        probs = jax.nn.softmax(jnp.where(mask[None], logits, -jnp.inf), axis=-1)
+        o = jnp.einsum("htu,uhv->thv", probs, val)
+        arena, out = self._out(env, params, arena, o)
+        return arena, cache, out
+
+    def decode(self, env: Env, params, arena, cache, ctx: StepContext):
+        """Appends the new latents; absorbed split-K attention over the latent cache (latent
+        output in `attn_output`); `W_uv`; `o_proj`."""
+        c, b, plan = env.config, ctx.num_tokens, env.plan
+        H, nope, rope, v, kv_lora, _ = mla_dims(c)
+        arena, q, latent = self._project(env, params, arena, ctx)
+        cache = self._append(env, cache, latent, ctx)
+        w = self._kv_b(params, c)
+        # q_nope W_uk^T over the whole `kv_b` (zeros against W_uv): B rows cost nothing extra,
+        # a sliced W_uk would be a copy of the weight.
+        q_pad = jnp.pad(q[..., :nope], ((0, 0), (0, 0), (0, v)))
+        q_lat = self._mul("bhd,chd->bhc", q_pad, w)
+        cache, arena = jax.lax.optimization_barrier((cache, arena))
+        arena = put(plan, arena, "ssm_deinterleaved", jnp.concatenate([q_lat, q[..., nope:]], -1))
+        qa = plan.view(arena, "ssm_deinterleaved", (b, H, kv_lora + rope), BF16)
+        arena = splitk_decode_attention_into(
+            arena, plan, qa, cache["latent"], None, ctx.block_tables, ctx.seq_lens,
+            num_splits=self._num_splits(env, b), sm_scale=self.sm_scale(c),
+            v_head_dim=kv_lora, levers=env.levers, target=env.target, interpret=env.interpret,
+        )  # fmt: skip
+        o_lat = get(plan, arena, "attn_output", (b, H, kv_lora))
+        o = self._mul("bhc,chd->bhd", o_lat, w)[..., nope:]
+        arena, out = self._out(env, params, arena, o)
+        return arena, cache, out
+
+    def _num_splits(self, env: Env, b: int) -> int:
+        """The policy's split count, lowered until the latent partials (`kv_lora + 2` f32 per
+        slot, wider than the `head_dim + 2` the workspace is sized by) fit the region."""
+        c = env.config
+        H, kv_lora = c.num_attention_heads, c.kv_lora_rank
+        n = splitk_num_splits(b, H, levers=env.levers, target=env.target)
+        cap = env.plan.regions["splitk_workspace"].nbytes if n > 1 else 0
+        while n > 1 and b * H * n * workspaces.splitk_slot_bytes(kv_lora) > cap:
+            n -= 1
+        return n
