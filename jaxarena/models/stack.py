@@ -36,6 +36,9 @@ from jaxarena.models.core.norms import rms_norm
 
 __all__ = ["Arch", "ArenaLM"]
 
+# Block kinds that keep no state across a prompt but the KV cache: these prefill in chunks.
+_CHUNKABLE = frozenset({"attention", "mlp"})
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Arch:
@@ -153,9 +156,9 @@ class ArenaLM:
 
     # -- steps -----------------------------------------------------------------------------------
 
-    def prefill(self, params, arena, caches, tokens, cu_seqlens, block_tables, *,
-                all_logits: bool = False):  # fmt: skip
-        """Runs the prompts of `S` sequences packed into one pass.
+    def prefill(self, params, arena, caches, tokens, cu_seqlens, block_tables, cached_lens=None,
+                *, all_logits: bool = False):  # fmt: skip
+        """Runs the prompts of `S` sequences packed into one pass (or one chunk of them).
 
         Args:
           params: `{"embed", "layers": [one dict per block], "final_norm"[, "lm_head"]}`.
@@ -166,6 +169,11 @@ class ArenaLM:
           cu_seqlens: `int32[S + 1]`, sequence `s` is `tokens[cu_seqlens[s]:cu_seqlens[s+1]]`
             (every sequence at least one token).
           block_tables: `int32[S, max_blocks_per_seq]`.
+          cached_lens: chunked prefill: `int32[S]`, the tokens of each sequence already in
+            the KV caches (earlier chunks); this chunk's tokens sit at positions
+            `cached_lens[s]...` and attend to those plus themselves. None: all zeros (a
+            sequence may have 0 tokens in a chunk only when given). Attention and MLP
+            blocks only: a model with Mamba blocks raises NotImplementedError.
           all_logits: static; return the logits of every token instead of each sequence's last.
 
         Returns:
@@ -180,8 +188,22 @@ class ArenaLM:
         # Each token's sequence: how many sequence ends are <= it. A count, as in the SSD scan,
         # not `searchsorted`, whose default method is a while loop of log2(S) steps on a GPU.
         seq = jnp.sum(cu_seqlens[None, 1:] <= idx[:, None], axis=1, dtype=jnp.int32)
-        ctx = StepContext(positions=idx - cu_seqlens[seq], seq_ids=seq,
-                          block_tables=block_tables, cu_seqlens=cu_seqlens)  # fmt: skip
+        positions, seq_lens = idx - cu_seqlens[seq], None
+        if cached_lens is not None:
+            carried = sorted({k for k in self.arch.kinds if k not in _CHUNKABLE})
+            if carried:
+                raise NotImplementedError(
+                    f"chunked prefill (cached_lens) runs attention and MLP blocks only; this "
+                    f"model has {carried} blocks, whose conv/SSM state would have to carry "
+                    "across chunks"
+                )  # fmt: skip
+            # Padding tokens (past cu_seqlens[S]) count as the last sequence's; clamp so their
+            # positions stay where the block table reaches.
+            cached = cached_lens.astype(jnp.int32)
+            positions = positions + cached[jnp.minimum(seq, cached.shape[0] - 1)]
+            seq_lens = cached + (cu_seqlens[1:] - cu_seqlens[:-1])
+        ctx = StepContext(positions=positions, seq_ids=seq, block_tables=block_tables,
+                          cu_seqlens=cu_seqlens, seq_lens=seq_lens)  # fmt: skip
         arena, caches = self._blocks("prefill", params, arena, caches, tokens, ctx)
         rows = idx if all_logits else cu_seqlens[1:] - 1
         arena, logits = self._lm_head(arena, params, rows, t)

@@ -1,15 +1,15 @@
 """GQA attention over a paged bf16 KV cache (vLLM layout).
 
 Optional per-head q/k RMSNorm (Qwen3) and RoPE (rotate-half; Nemotron-H has none). Prefill
-attends densely within each packed sequence (reading what decode reads: bf16 queries and the
-bf16 cache); decode runs the split-K Pallas kernel (partials in `splitk_workspace`, output
-in `attn_output`). Arena regions: `qkv_output`, `attn_output`, the FP8 activation buffers.
+runs the paged prefill Pallas kernel (causal flash attention over the cache, so a chunk of a
+long prompt sees the earlier chunks; output in `attn_output`), decode the split-K Pallas
+kernel (partials in `splitk_workspace`, output in `attn_output`); both read bf16 queries and
+the bf16 cache. Arena regions: `qkv_output`, `attn_output`, the FP8 activation buffers.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
@@ -21,7 +21,7 @@ from jaxarena.models.blocks.base import Block, Env, StepContext, dense_init
 from jaxarena.models.core.arena import BF16, F32, get, linear, put
 from jaxarena.models.core.norms import rms_norm
 from jaxarena.models.core.rope import rope
-from pallas_kernels import splitk_decode_attention_into
+from pallas_kernels import paged_prefill_attention_into, splitk_decode_attention_into
 
 __all__ = ["Attention"]
 
@@ -112,23 +112,20 @@ class Attention(Block):
                       workspaces.FP8_ACT_REGIONS, interpret=env.interpret)  # fmt: skip
 
     def prefill(self, env: Env, params, arena, cache, ctx: StepContext):
-        """Appends the prompts' K/V to the cache; dense causal attention within each packed
-        sequence; `o_proj`. Returns `(arena, cache, out)`."""
-        c, t = env.config, ctx.num_tokens
+        """Appends the chunk's K/V to the cache; causal attention of each packed sequence's
+        queries over its cached context (earlier chunks) plus the chunk itself, by the paged
+        prefill Pallas kernel written in place into `attn_output`; `o_proj`. Returns
+        `(arena, cache, out)`."""
         arena, q, k, v = self._qkv(env, params, arena, ctx)
         cache = self._append_kv(env, cache, k, v, ctx)
+        # Plain prefill: each sequence's context is its own queries.
+        lens = ctx.cu_seqlens[1:] - ctx.cu_seqlens[:-1] if ctx.seq_lens is None else ctx.seq_lens
         # Prefill attention reads what decode reads: bf16 queries and the bf16 cache.
-        q, k, v = (x.astype(BF16).astype(F32) for x in (q, k, v))
-        g = c.num_attention_heads // c.num_key_value_heads
-        kk, vv = jnp.repeat(k, g, axis=1), jnp.repeat(v, g, axis=1)
-        logits = jnp.einsum("thd,uhd->htu", q, kk) / math.sqrt(c.head_dim)
-        idx, seq = jnp.arange(t, dtype=jnp.int32), ctx.seq_ids
-        mask = (seq[:, None] == seq[None, :]) & (idx[None, :] <= idx[:, None])
-        probs = jax.nn.softmax(jnp.where(mask[None], logits, -jnp.inf), axis=-1)
-        o = jnp.einsum("htu,uhd->thd", probs, vv).reshape(t, -1)
-        cache, arena = jax.lax.optimization_barrier((cache, arena))
-        arena = put(env.plan, arena, "attn_output", o)
-        arena, out = self._out(env, params, arena, t)
+        arena = paged_prefill_attention_into(
+            arena, env.plan, q.astype(BF16), cache["k"], cache["v"], ctx.block_tables,
+            ctx.cu_seqlens, lens, interpret=env.interpret,
+        )  # fmt: skip
+        arena, out = self._out(env, params, arena, ctx.num_tokens)
         return arena, cache, out
 
     def decode(self, env: Env, params, arena, cache, ctx: StepContext):

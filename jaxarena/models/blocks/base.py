@@ -53,7 +53,9 @@ class StepContext(NamedTuple):
       block_tables: `int32[S, max_blocks_per_seq]`, the KV pages of each sequence.
       cu_seqlens: prefill only: `int32[S + 1]`, sequence `s` is tokens
         `cu_seqlens[s]:cu_seqlens[s + 1]` (packed prompts).
-      seq_lens: decode only: `int32[B]`, each sequence's length after this token.
+      seq_lens: `int32[S]`, each sequence's length after this step (decode: after its new
+        token; prefill: its cached tokens plus this chunk, None in a plain prefill where it
+        is the chunk's length).
     """
 
     positions: jax.Array
