@@ -31,7 +31,7 @@ import jax.numpy as jnp
 
 from jaxarena import ArenaPlan, Levers, ModelConfig, Target
 from jaxarena.models.blocks.base import Block, Env, StepContext
-from jaxarena.models.core.arena import F32, get, put
+from jaxarena.models.core.arena import BF16, F32, put, stored
 from jaxarena.models.core.norms import rms_norm
 
 __all__ = ["Arch", "ArenaLM"]
@@ -130,29 +130,31 @@ class ArenaLM:
         """Embeds `tokens` into `hidden_states` and runs every block (`mode`: `"prefill"` or
         `"decode"`) with its pre-norm and residual add; returns `(arena, caches)`."""
         env, plan, eps = self.env, self.plan, self.arch.rms_eps
-        h_shape = (tokens.shape[0], self.config.hidden_size)
-        arena = put(plan, arena, "hidden_states", params["embed"][tokens])
+        # The residual stream is an XLA value rounded as its region would store it (bf16):
+        # no kernel reads it in place, and XLA fuses the norms and adds (README: "what goes
+        # through the arena").
+        h = stored(params["embed"][tokens])
         out_caches = {}
         blocks = zip(self.arch.cache_keys, self.arch.blocks, params["layers"], strict=True)
         for key, block, p in blocks:
-            arena = put(plan, arena, "residual", get(plan, arena, "hidden_states", h_shape))
-            normed = rms_norm(get(plan, arena, "hidden_states", h_shape), p["norm"], eps)
-            arena = put(plan, arena, "norm_output", normed)
+            normed = stored(rms_norm(h, p["norm"], eps))
+            if block.input_in_ctx:
+                block_ctx = ctx._replace(x=normed)
+            else:
+                arena, block_ctx = put(plan, arena, "norm_output", normed), ctx
             step = block.prefill if mode == "prefill" else block.decode
-            arena, cache, out = step(env, p, arena, caches[key], ctx)
-            resid = get(plan, arena, "residual", h_shape)
-            arena = put(plan, arena, "hidden_states", resid + out)
+            arena, cache, out = step(env, p, arena, caches[key], block_ctx)
+            h = stored(h + out)
             out_caches[key] = cache
-        return arena, out_caches
+        return arena, out_caches, h
 
-    def _lm_head(self, arena, params, rows, t: int):
-        """Final norm and LM head of the hidden rows `rows` (indices) into `logits`."""
-        c = self.config
-        h = get(self.plan, arena, "hidden_states", (t, c.hidden_size))[rows]
-        h = rms_norm(h, params["final_norm"], self.arch.rms_eps)
+    def _lm_head(self, arena, params, h, rows):
+        """Final norm and LM head of the hidden rows `rows` (indices) of `h`: the logits as
+        the `logits` region would store them, bf16, an XLA value (the step's output, which
+        the GEMM writes directly: float32 logits would cost a bf16 temporary as large)."""
+        h = rms_norm(h[rows], params["final_norm"], self.arch.rms_eps)
         head = params["embed"].T if self.arch.tie_embeddings else params["lm_head"]
-        arena = put(self.plan, arena, "logits", h @ head.astype(F32))
-        return arena, get(self.plan, arena, "logits", (rows.shape[0], c.vocab_size))
+        return arena, (h @ head.astype(F32)).astype(BF16)
 
     # -- steps -----------------------------------------------------------------------------------
 
@@ -177,9 +179,8 @@ class ArenaLM:
           all_logits: static; return the logits of every token instead of each sequence's last.
 
         Returns:
-          `(arena, caches, logits)`: `float32[S, vocab]` (each sequence's last prompt token),
-          or `float32[T, vocab]` with `all_logits`; the values are those stored (bf16) in the
-          arena's `logits` region.
+          `(arena, caches, logits)`: `bfloat16[S, vocab]` (each sequence's last prompt token),
+          or `bfloat16[T, vocab]` with `all_logits`.
         """
         t = tokens.shape[0]
         if t > self.max_batch_tokens:
@@ -204,9 +205,9 @@ class ArenaLM:
             seq_lens = cached + (cu_seqlens[1:] - cu_seqlens[:-1])
         ctx = StepContext(positions=positions, seq_ids=seq, block_tables=block_tables,
                           cu_seqlens=cu_seqlens, seq_lens=seq_lens)  # fmt: skip
-        arena, caches = self._blocks("prefill", params, arena, caches, tokens, ctx)
+        arena, caches, h = self._blocks("prefill", params, arena, caches, tokens, ctx)
         rows = idx if all_logits else cu_seqlens[1:] - 1
-        arena, logits = self._lm_head(arena, params, rows, t)
+        arena, logits = self._lm_head(arena, params, h, rows)
         return arena, caches, logits
 
     def decode_step(self, params, arena, caches, tokens, positions, block_tables, seq_lens):
@@ -221,12 +222,12 @@ class ArenaLM:
           seq_lens: `int32[B]`, lengths after this token (`positions + 1`).
 
         Returns:
-          `(arena, caches, logits float32[B, vocab], next_tokens int32[B])` (greedy).
+          `(arena, caches, logits bfloat16[B, vocab], next_tokens int32[B])` (greedy).
         """
         bsz = tokens.shape[0]
         seq = jnp.arange(bsz, dtype=jnp.int32)
         ctx = StepContext(positions=positions, seq_ids=seq, block_tables=block_tables,
                           seq_lens=seq_lens)  # fmt: skip
-        arena, caches = self._blocks("decode", params, arena, caches, tokens, ctx)
-        arena, logits = self._lm_head(arena, params, seq, bsz)
+        arena, caches, h = self._blocks("decode", params, arena, caches, tokens, ctx)
+        arena, logits = self._lm_head(arena, params, h, seq)
         return arena, caches, logits, jnp.argmax(logits, -1).astype(jnp.int32)

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 
 from jaxarena import ModelConfig, workspaces
 from jaxarena.models.blocks.base import Block, Env, StepContext, dense_init
-from jaxarena.models.core.arena import BF16, F32, get, linear, put
+from jaxarena.models.core.arena import BF16, F32, linear, stored
 from jaxarena.models.core.norms import rms_norm
 from jaxarena.models.core.rope import rope
 from pallas_kernels import paged_prefill_attention_into, splitk_decode_attention_into
@@ -41,6 +41,7 @@ class Attention(Block):
     """
 
     kind: ClassVar[str] = "attention"
+    input_in_ctx: ClassVar[bool] = True
     rope: bool = True
     rope_theta: float = 10000.0
     qk_norm: bool = False
@@ -81,10 +82,9 @@ class Attention(Block):
         """QKV projection into `qkv_output`; returns (arena, q, k, v) with q/k norm and RoPE."""
         c, t = env.config, ctx.num_tokens
         hq, hkv, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
-        arena, qkv = linear(env.plan, arena, "norm_output", (t, c.hidden_size), p["wqkv"],
+        arena, qkv = linear(env.plan, arena, ctx.x, (t, c.hidden_size), p["wqkv"],
                             workspaces.FP8_ACT_REGIONS, interpret=env.interpret)  # fmt: skip
-        arena = put(env.plan, arena, "qkv_output", qkv)
-        qkv = get(env.plan, arena, "qkv_output", (t, (hq + 2 * hkv) * hd))
+        qkv = stored(qkv)  # as `qkv_output` would hold it; a GEMM output stays an XLA value
         q = qkv[:, : hq * hd].reshape(t, hq, hd)
         k = qkv[:, hq * hd : (hq + hkv) * hd].reshape(t, hkv, hd)
         v = qkv[:, (hq + hkv) * hd :].reshape(t, hkv, hd)
