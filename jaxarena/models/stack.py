@@ -13,10 +13,12 @@ Prefill and decode share one loop (`_blocks`); they differ only in the `StepCont
 build (prefill: packed prompts with `cu_seqlens`; decode: one token per sequence with
 `seq_lens`) and in which block method runs.
 
-Arena discipline: every intermediate the seed gives a buffer for is written to and read back
-from the arena at the plan's offsets, stored as bfloat16; arithmetic is float32. Results that
-leave the arena (the caches) are tied to it with `lax.optimization_barrier` before the next
-write (inside the blocks).
+Arena discipline (the step rule, jaxarena/models/README.md): what a Pallas kernel reads or
+writes in place goes through the arena's regions (attention output, split-K partials, FP8
+activations, SSD scratch); the residual stream, the pre-norms and the GEMM outputs stay XLA
+values, rounded to bfloat16 where their regions would have stored them (`core.arena.stored`);
+arithmetic is float32. Results read from an arena version (the caches, a product of arena
+bytes) are tied to it with `lax.optimization_barrier` before the next write.
 
 `prefill` and `decode_step` are pure; jit them with the arena and the caches donated
 (`jax.jit(model.decode_step, donate_argnums=(1, 2))`).
