@@ -208,6 +208,36 @@ class CausalLM:
         cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
         return jnp.asarray(np.concatenate(prompts)), jnp.asarray(cu)
 
+    def _chunked_prefill(self, ids: list[np.ndarray]) -> jax.Array:
+        """Prefills prompts that together exceed `max_batch_tokens` in chunks (the caller
+        checked that the model runs chunks): each chunk takes the next tokens of the
+        sequences in order, up to the token budget of one padded prefill, and attends to the
+        earlier chunks through the KV cache (`ArenaLM.prefill`'s `cached_lens`). Returns
+        `float32[b, vocab]`, the logits of each prompt's last token."""
+        m = self.model
+        b = len(ids)
+        extra = m.max_batch_size + 1 - b
+        budget = m.max_batch_tokens - extra if m.max_batch_tokens > extra else m.max_batch_tokens
+        done = np.zeros(b, np.int64)
+        last: list[Any] = [None] * b
+        while any(done[s] < len(ids[s]) for s in range(b)):
+            room, pieces = budget, []
+            for s in range(b):
+                n = min(len(ids[s]) - int(done[s]), room)
+                pieces.append(ids[s][done[s] : done[s] + n])
+                room -= n
+            tokens, cu = self._packed(pieces)
+            s_all = cu.shape[0] - 1
+            cached = np.zeros(s_all, np.int32)
+            cached[:b] = done
+            (logits,) = self._run("prefill_chunk", m.prefill, tokens, cu,
+                                  self.block_tables[:s_all], jnp.asarray(cached))  # fmt: skip
+            for s, piece in enumerate(pieces):
+                done[s] += len(piece)
+                if len(piece) and done[s] == len(ids[s]):
+                    last[s] = logits[s]
+        return jnp.stack(last)
+
     def prefill_logits(self, token_ids: Sequence[int]) -> np.ndarray:
         """The logits of every position of one sequence: `float32 [T, vocab]`.
 
@@ -231,12 +261,15 @@ class CausalLM:
                  return_logits: bool = False) -> Any:  # fmt: skip
         """Greedy continuations of a batch of prompts.
 
-        Prefill runs the prompts packed into one pass; then a decode loop whose jitted step is
-        compiled once (the batch is padded to `max_batch_size` rows) runs `max_new_tokens - 1`
+        Prefill runs the prompts packed into one pass, or, when they hold more than
+        `max_batch_tokens` tokens, in chunks that attend to the earlier chunks through the KV
+        cache (chunked prefill; models of attention and MLP blocks only); then a decode loop
+        whose jitted step is compiled once (the batch is padded to `max_batch_size` rows) runs `max_new_tokens - 1`
         steps with the arena and caches donated.
 
         Args:
-          prompts: 1..max_batch_size lists of token ids, together at most `max_batch_tokens`.
+          prompts: 1..max_batch_size lists of token ids (together more than
+            `max_batch_tokens` only for a model without Mamba blocks).
           max_new_tokens: >= 1; each `len(prompt) + max_new_tokens <= max_seq_len`.
           return_logits: also return the logits that chose each token.
 
@@ -253,19 +286,28 @@ class CausalLM:
                              f"{m.max_batch_size} are allowed")  # fmt: skip
         ids = [self._check_ids(p, f"prompts[{i}]") for i, p in enumerate(prompts)]
         lens = np.array([len(p) for p in ids], np.int32)
-        if lens.sum() > m.max_batch_tokens:
-            raise ValueError(f"the prompts hold {lens.sum()} tokens, more than max_batch_tokens="
-                             f"{m.max_batch_tokens}")  # fmt: skip
+        chunked = lens.sum() > m.max_batch_tokens
+        if chunked and set(m.arch.kinds) - {"attention", "mlp"}:
+            raise NotImplementedError(
+                f"the prompts hold {lens.sum()} tokens, more than max_batch_tokens="
+                f"{m.max_batch_tokens}, and a chunked prefill of a model with "
+                f"{sorted(set(m.arch.kinds) - {'attention', 'mlp'})} blocks is not implemented"
+                " (their conv/SSM state would have to carry across chunks): raise "
+                "max_batch_tokens"
+            )  # fmt: skip
         if lens.max() + max_new_tokens > m.max_seq_len:
             raise ValueError(f"a prompt of {lens.max()} tokens + max_new_tokens={max_new_tokens}"
                              f" exceeds max_seq_len={m.max_seq_len}")  # fmt: skip
         b, rows = len(ids), m.max_batch_size
-        tokens, cu = self._packed(ids)
         compiled = sum(self.compile_seconds.values())
         t0 = time.perf_counter()
-        (logits,) = self._run(
-            "prefill", m.prefill, tokens, cu, self.block_tables[: cu.shape[0] - 1]
-        )
+        if chunked:
+            logits = self._chunked_prefill(ids)
+        else:
+            tokens, cu = self._packed(ids)
+            (logits,) = self._run(
+                "prefill", m.prefill, tokens, cu, self.block_tables[: cu.shape[0] - 1]
+            )
         first = jnp.argmax(logits[:b], -1).astype(jnp.int32)
         jax.block_until_ready(first)
         # Run time only: compiling (the first call of a shape) is counted in compile_seconds.

@@ -13,10 +13,12 @@ Prefill and decode share one loop (`_blocks`); they differ only in the `StepCont
 build (prefill: packed prompts with `cu_seqlens`; decode: one token per sequence with
 `seq_lens`) and in which block method runs.
 
-Arena discipline: every intermediate the seed gives a buffer for is written to and read back
-from the arena at the plan's offsets, stored as bfloat16; arithmetic is float32. Results that
-leave the arena (the caches) are tied to it with `lax.optimization_barrier` before the next
-write (inside the blocks).
+Arena discipline (the step rule, jaxarena/models/README.md): what a Pallas kernel reads or
+writes in place goes through the arena's regions (attention output, split-K partials, FP8
+activations, SSD scratch); the residual stream, the pre-norms and the GEMM outputs stay XLA
+values, rounded to bfloat16 where their regions would have stored them (`core.arena.stored`);
+arithmetic is float32. Results read from an arena version (the caches, a product of arena
+bytes) are tied to it with `lax.optimization_barrier` before the next write.
 
 `prefill` and `decode_step` are pure; jit them with the arena and the caches donated
 (`jax.jit(model.decode_step, donate_argnums=(1, 2))`).
@@ -31,10 +33,13 @@ import jax.numpy as jnp
 
 from jaxarena import ArenaPlan, Levers, ModelConfig, Target
 from jaxarena.models.blocks.base import Block, Env, StepContext
-from jaxarena.models.core.arena import F32, get, put
+from jaxarena.models.core.arena import BF16, F32, put, stored
 from jaxarena.models.core.norms import rms_norm
 
 __all__ = ["Arch", "ArenaLM"]
+
+# Block kinds that keep no state across a prompt but the KV cache: these prefill in chunks.
+_CHUNKABLE = frozenset({"attention", "mlp"})
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -138,44 +143,45 @@ class ArenaLM:
         """Embeds `tokens` into `hidden_states` and runs every block (`mode`: `"prefill"` or
         `"decode"`) with its pre-norm and residual add; returns `(arena, caches)`."""
         env, plan, eps = self.env, self.plan, self.arch.rms_eps
-        h_shape = (tokens.shape[0], self.config.hidden_size)
+        # The residual stream is an XLA value rounded as its region would store it (bf16):
+        # no kernel reads it in place, and XLA fuses the norms and adds (README: "what goes
+        # through the arena").
         emb = params["embed"][tokens]
         if self.arch.embed_scale is not None:
             emb = emb.astype(F32) * self.arch.embed_scale
-        arena = put(plan, arena, "hidden_states", emb)
+        h = stored(emb)
         out_caches = {}
         blocks = zip(self.arch.cache_keys, self.arch.blocks, params["layers"], strict=True)
         for key, block, p in blocks:
-            arena = put(plan, arena, "residual", get(plan, arena, "hidden_states", h_shape))
-            normed = rms_norm(get(plan, arena, "hidden_states", h_shape), p["norm"], eps,
-                              self.arch.norm_offset)  # fmt: skip
-            arena = put(plan, arena, "norm_output", normed)
+            normed = stored(rms_norm(h, p["norm"], eps, self.arch.norm_offset))
+            if block.input_in_ctx:
+                block_ctx = ctx._replace(x=normed)
+            else:
+                arena, block_ctx = put(plan, arena, "norm_output", normed), ctx
             step = block.prefill if mode == "prefill" else block.decode
-            arena, cache, out = step(env, p, arena, caches[key], ctx)
+            arena, cache, out = step(env, p, arena, caches[key], block_ctx)
             if "post_norm" in p:
                 out = rms_norm(out, p["post_norm"], eps)
-            resid = get(plan, arena, "residual", h_shape)
-            arena = put(plan, arena, "hidden_states", resid + out)
+            h = stored(h + out)
             out_caches[key] = cache
-        return arena, out_caches
+        return arena, out_caches, h
 
-    def _lm_head(self, arena, params, rows, t: int):
-        """Final norm and LM head of the hidden rows `rows` (indices) into `logits`."""
-        c = self.config
-        h = get(self.plan, arena, "hidden_states", (t, c.hidden_size))[rows]
-        h = rms_norm(h, params["final_norm"], self.arch.rms_eps, self.arch.norm_offset)
+    def _lm_head(self, arena, params, h, rows):
+        """Final norm and LM head of the hidden rows `rows` (indices) of `h`: the logits as
+        the `logits` region would store them, bf16, an XLA value (the step's output, which
+        the GEMM writes directly: float32 logits would cost a bf16 temporary as large)."""
+        h = rms_norm(h[rows], params["final_norm"], self.arch.rms_eps, self.arch.norm_offset)
         head = params["embed"].T if self.arch.tie_embeddings else params["lm_head"]
         logits = h @ head.astype(F32)
         if self.arch.final_softcap is not None:
             logits = self.arch.final_softcap * jnp.tanh(logits / self.arch.final_softcap)
-        arena = put(self.plan, arena, "logits", logits)
-        return arena, get(self.plan, arena, "logits", (rows.shape[0], c.vocab_size))
+        return arena, logits.astype(BF16)
 
     # -- steps -----------------------------------------------------------------------------------
 
-    def prefill(self, params, arena, caches, tokens, cu_seqlens, block_tables, *,
-                all_logits: bool = False):  # fmt: skip
-        """Runs the prompts of `S` sequences packed into one pass.
+    def prefill(self, params, arena, caches, tokens, cu_seqlens, block_tables, cached_lens=None,
+                *, all_logits: bool = False):  # fmt: skip
+        """Runs the prompts of `S` sequences packed into one pass (or one chunk of them).
 
         Args:
           params: `{"embed", "layers": [one dict per block], "final_norm"[, "lm_head"]}`.
@@ -186,12 +192,16 @@ class ArenaLM:
           cu_seqlens: `int32[S + 1]`, sequence `s` is `tokens[cu_seqlens[s]:cu_seqlens[s+1]]`
             (every sequence at least one token).
           block_tables: `int32[S, max_blocks_per_seq]`.
+          cached_lens: chunked prefill: `int32[S]`, the tokens of each sequence already in
+            the KV caches (earlier chunks); this chunk's tokens sit at positions
+            `cached_lens[s]...` and attend to those plus themselves. None: all zeros (a
+            sequence may have 0 tokens in a chunk only when given). Attention and MLP
+            blocks only: a model with Mamba blocks raises NotImplementedError.
           all_logits: static; return the logits of every token instead of each sequence's last.
 
         Returns:
-          `(arena, caches, logits)`: `float32[S, vocab]` (each sequence's last prompt token),
-          or `float32[T, vocab]` with `all_logits`; the values are those stored (bf16) in the
-          arena's `logits` region.
+          `(arena, caches, logits)`: `bfloat16[S, vocab]` (each sequence's last prompt token),
+          or `bfloat16[T, vocab]` with `all_logits`.
         """
         t = tokens.shape[0]
         if t > self.max_batch_tokens:
@@ -200,11 +210,25 @@ class ArenaLM:
         # Each token's sequence: how many sequence ends are <= it. A count, as in the SSD scan,
         # not `searchsorted`, whose default method is a while loop of log2(S) steps on a GPU.
         seq = jnp.sum(cu_seqlens[None, 1:] <= idx[:, None], axis=1, dtype=jnp.int32)
-        ctx = StepContext(positions=idx - cu_seqlens[seq], seq_ids=seq,
-                          block_tables=block_tables, cu_seqlens=cu_seqlens)  # fmt: skip
-        arena, caches = self._blocks("prefill", params, arena, caches, tokens, ctx)
+        positions, seq_lens = idx - cu_seqlens[seq], None
+        if cached_lens is not None:
+            carried = sorted({k for k in self.arch.kinds if k not in _CHUNKABLE})
+            if carried:
+                raise NotImplementedError(
+                    f"chunked prefill (cached_lens) runs attention and MLP blocks only; this "
+                    f"model has {carried} blocks, whose conv/SSM state would have to carry "
+                    "across chunks"
+                )  # fmt: skip
+            # Padding tokens (past cu_seqlens[S]) count as the last sequence's; clamp so their
+            # positions stay where the block table reaches.
+            cached = cached_lens.astype(jnp.int32)
+            positions = positions + cached[jnp.minimum(seq, cached.shape[0] - 1)]
+            seq_lens = cached + (cu_seqlens[1:] - cu_seqlens[:-1])
+        ctx = StepContext(positions=positions, seq_ids=seq, block_tables=block_tables,
+                          cu_seqlens=cu_seqlens, seq_lens=seq_lens)  # fmt: skip
+        arena, caches, h = self._blocks("prefill", params, arena, caches, tokens, ctx)
         rows = idx if all_logits else cu_seqlens[1:] - 1
-        arena, logits = self._lm_head(arena, params, rows, t)
+        arena, logits = self._lm_head(arena, params, h, rows)
         return arena, caches, logits
 
     def decode_step(self, params, arena, caches, tokens, positions, block_tables, seq_lens):
@@ -219,12 +243,12 @@ class ArenaLM:
           seq_lens: `int32[B]`, lengths after this token (`positions + 1`).
 
         Returns:
-          `(arena, caches, logits float32[B, vocab], next_tokens int32[B])` (greedy).
+          `(arena, caches, logits bfloat16[B, vocab], next_tokens int32[B])` (greedy).
         """
         bsz = tokens.shape[0]
         seq = jnp.arange(bsz, dtype=jnp.int32)
         ctx = StepContext(positions=positions, seq_ids=seq, block_tables=block_tables,
                           seq_lens=seq_lens)  # fmt: skip
-        arena, caches = self._blocks("decode", params, arena, caches, tokens, ctx)
-        arena, logits = self._lm_head(arena, params, seq, bsz)
+        arena, caches, h = self._blocks("decode", params, arena, caches, tokens, ctx)
+        arena, logits = self._lm_head(arena, params, h, seq)
         return arena, caches, logits, jnp.argmax(logits, -1).astype(jnp.int32)

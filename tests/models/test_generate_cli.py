@@ -10,17 +10,22 @@ from lm_runs import CHECKPOINTS, LIMITS, reference
 from jaxarena.cli import main
 
 
-def test_generate_json_matches_transformers(capsys):
+def test_generate_json_matches_transformers(capsys, runs):
     ref = reference("llama")
-    prompt = ref["prompts"][3]  # 16 tokens; every one of its greedy choices is decided
+    # 11 tokens; its first greedy choice is decided (top-2 gap 1.66, far above the 2 * 0.16 of
+    # test_pretrained's bound); the later ones are compared with the library's `generate`
+    # (which test_pretrained compares with transformers). Prompt 3's first choice is a
+    # near-tie (gap 0.026) that the prefill kernel's roundings flip.
+    prompt = ref["prompts"][2]
     # The session's serve limits: the steps compiled for the other llama tests are reused.
     limits = [f"--{k.replace('_', '-')}={v}" for k, v in LIMITS.items()]
     rc = main(["generate", str(CHECKPOINTS / "llama"), "--prompt-ids",
                ",".join(map(str, prompt)), "--max-new-tokens", "4", "--json", *limits])  # fmt: skip
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["tokens"] == [ref["greedy_tokens"][3][:4].tolist()]
-    assert out["prefill_tokens"] == 16 and out["decode_tokens"] == 3
+    assert out["tokens"][0][0] == ref["greedy_tokens"][2][0]
+    assert out["tokens"] == runs.lm("llama").generate([prompt], 4)
+    assert out["prefill_tokens"] == 11 and out["decode_tokens"] == 3
     assert out["prefill_tokens_per_s"] > 0 and out["decode_tokens_per_s"] > 0
     assert set(out["compile_seconds"]) == {"prefill", "decode"}
     assert out["arena_bytes"] > 0 and out["weight_bytes"] == 213_632  # 106,816 bf16 params

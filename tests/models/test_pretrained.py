@@ -7,7 +7,8 @@ u = 2^-9). Counting the roundings on the path to a logit (a store of an already-
 such as `residual` or the embedding row, is exact):
   - every block: `norm_output`, `hidden_states` after the residual add (2);
   - attention: `qkv_output`, q/k/v as bf16 after q/k norm and RoPE (the KV cache), the
-    `attn_output` (3);
+    softmax probabilities rounded to bf16 for the P.V product inside the prefill kernel, the
+    `attn_output` (4);
   - SwiGLU MLP: `expert_gate_out`, `expert_up_out`, their product, `moe_output` (4);
   - relu^2 MLP: `expert_up_out`, `moe_output` (2);
   - Mamba-2: `ssm_qkvz`, `ssm_deinterleaved`, the scan's bf16 output, the gated norm in
@@ -18,12 +19,14 @@ normalised activation carried to the logits with gain <= 1), uniformly and indep
 the sum has standard deviation u * max|z| * sqrt(n / 3); the bound is four of those:
     atol = 4 * u * sqrt(n / 3) * max|z_ref|.
 Per fixture (n, bound; largest difference measured at the time of writing): llama and qwen3
-(n = 23; 0.153 and 0.134; 0.123 and 0.111), mamba2 (13; 0.112; 0.065), nemotron_h (22; 0.142;
-0.111).
+(n = 25; 0.160 and 0.140; 0.123 and 0.111), mamba2 (13; 0.112; 0.065), nemotron_h (23; 0.145;
+0.111). (The dense-einsum prefill had no bf16 probabilities: n was 23, 23 and 22.)
 
 Greedy tokens: when two logit vectors differ by at most d elementwise, their argmaxes agree
 wherever the top-2 gap exceeds 2 d; tokens are compared wherever transformers' gap exceeds
-`2 * atol` and the sequence's earlier tokens agree (otherwise the contexts differ).
+`2 * atol` and the sequence's earlier tokens agree (otherwise the contexts differ); the
+greedy logits likewise only where the earlier tokens agree (after a near-tie chose another
+token, the two sides continue different sequences).
 Teacher forcing: the decode loop and a prefill-only recomputation of the same sequence are
 each within atol of the exact values, hence within `2 * atol` of each other; their tokens are
 compared where the recomputation's gap exceeds `4 * atol`.
@@ -51,7 +54,7 @@ def weight_bytes(config, weights: str) -> int:
 
 BF16_FAMILIES = ("llama", "qwen3", "mamba2", "nemotron_h")
 U_BF16 = 2.0**-9
-ROUNDINGS = {"attention": 2 + 3, "swiglu": 2 + 4, "relu2": 2 + 2, "mamba": 2 + 4}
+ROUNDINGS = {"attention": 2 + 4, "swiglu": 2 + 4, "relu2": 2 + 2, "mamba": 2 + 4}
 
 
 def stored_roundings(lm) -> int:
@@ -99,10 +102,14 @@ def test_greedy_tokens_match_transformers(runs, name):
     r = runs.run(name)
     lm, ref = runs.lm(name), r["ref"]
     atol = bf16_atol(lm, ref)
-    np.testing.assert_allclose(r["logits"], ref["greedy_logits"], atol=atol, rtol=0)
     want = ref["greedy_tokens"]
+    same = decided_and_same_context(np.inf, r["tokens"], want, -np.inf)
+    np.testing.assert_allclose(r["logits"][same], ref["greedy_logits"][same], atol=atol, rtol=0)
     mask = decided_and_same_context(ref["greedy_top2_gap"], r["tokens"], want, 2 * atol)
-    assert mask.sum() >= 0.4 * mask.size, f"only {mask.sum()} of {mask.size} choices decided"
+    # A floor that keeps the comparison from becoming vacuous. Measured: llama 10 of 32 (its
+    # prompt 3 opens on a near-tie, top-2 gap 0.026, that the prefill kernel's roundings
+    # flip, so that row continues another sequence); the other families more.
+    assert mask.sum() >= 0.3 * mask.size, f"only {mask.sum()} of {mask.size} choices decided"
     np.testing.assert_array_equal(r["tokens"][mask], want[mask])
 
 

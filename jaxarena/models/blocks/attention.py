@@ -1,15 +1,15 @@
 """GQA attention over a paged bf16 KV cache (vLLM layout).
 
 Optional per-head q/k RMSNorm (Qwen3) and RoPE (rotate-half; Nemotron-H has none). Prefill
-attends densely within each packed sequence (reading what decode reads: bf16 queries and the
-bf16 cache); decode runs the split-K Pallas kernel (partials in `splitk_workspace`, output
-in `attn_output`). Arena regions: `qkv_output`, `attn_output`, the FP8 activation buffers.
+runs the paged prefill Pallas kernel (causal flash attention over the cache, so a chunk of a
+long prompt sees the earlier chunks; output in `attn_output`), decode the split-K Pallas
+kernel (partials in `splitk_workspace`, output in `attn_output`); both read bf16 queries and
+the bf16 cache. Arena regions: `qkv_output`, `attn_output`, the FP8 activation buffers.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
@@ -19,10 +19,10 @@ import numpy as np
 
 from jaxarena import ModelConfig, workspaces
 from jaxarena.models.blocks.base import Block, Env, StepContext, dense_init
-from jaxarena.models.core.arena import BF16, F32, get, linear, put
+from jaxarena.models.core.arena import BF16, F32, get, linear, stored
 from jaxarena.models.core.norms import rms_norm
 from jaxarena.models.core.rope import rope, rope_table
-from pallas_kernels import splitk_decode_attention_into
+from pallas_kernels import paged_prefill_attention_into, splitk_decode_attention_into
 
 __all__ = ["Attention"]
 
@@ -60,6 +60,7 @@ class Attention(Block):
     """
 
     kind: ClassVar[str] = "attention"
+    input_in_ctx: ClassVar[bool] = True
     rope: bool = True
     rope_theta: float = 10000.0
     qk_norm: bool = False
@@ -147,14 +148,16 @@ class Attention(Block):
         """QKV projection into `qkv_output`; returns (arena, q, k, v) with q/k norm and RoPE."""
         c, t = env.config, ctx.num_tokens
         hq, hkv, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
-        arena, qkv = linear(env.plan, arena, "norm_output", (t, c.hidden_size), p["wqkv"],
+        arena, qkv = linear(env.plan, arena, ctx.x, (t, c.hidden_size), p["wqkv"],
                             workspaces.FP8_ACT_REGIONS, interpret=env.interpret)  # fmt: skip
         if self.qkv_bias:
             qkv = qkv + p["bqkv"].astype(F32)
-        arena = put(env.plan, arena, "qkv_output", qkv)
+        qkv = stored(qkv)  # as `qkv_output` would hold it; a GEMM output stays an XLA value
         qw = 2 * hq if self.gated else hq
-        qkv = get(env.plan, arena, "qkv_output", (t, (qw + 2 * hkv) * hd))
-        q = qkv[:, : qw * hd].reshape(t, hq, -1)[..., :hd]
+        qh = qkv[:, : qw * hd].reshape(t, hq, -1)
+        q = qh[..., :hd]
+        # Gated attention: each head's q projection is `[q_h | gate_h]`.
+        gate = qh[..., hd:].reshape(t, hq * hd) if self.gated else None
         k = qkv[:, qw * hd : (qw + hkv) * hd].reshape(t, hkv, hd)
         v = qkv[:, (qw + hkv) * hd :].reshape(t, hkv, hd)
         if self.qk_norm:
@@ -166,7 +169,7 @@ class Attention(Block):
         elif self.rope:
             q = rope(q, ctx.positions, self.rope_theta, self.rotary_dim)
             k = rope(k, ctx.positions, self.rope_theta, self.rotary_dim)
-        return arena, q, k, v
+        return arena, q, k, v, gate
 
     def _append_kv(self, env: Env, cache, k, v, ctx: StepContext):
         bs = env.kv_block_size
@@ -179,62 +182,41 @@ class Attention(Block):
             "v": flat(cache["v"]).at[slots].set(v.astype(BF16)).reshape(cache["v"].shape),
         }
 
-    def _out(self, env: Env, p, arena, t: int):
+    def _out(self, env: Env, p, arena, t: int, gate=None):
+        """`o_proj` of `attn_output` (with `gated`, times `sigmoid(gate)` first, rounded as
+        `attn_output` would store it)."""
         hq_d = env.config.num_attention_heads * env.config.head_dim
-        if self.gated:
-            arena = self._apply_gate(env, arena, t)
-        arena, out = linear(env.plan, arena, "attn_output", (t, hq_d), p["wo"],
+        src = "attn_output"
+        if gate is not None:
+            src = stored(get(env.plan, arena, "attn_output", (t, hq_d)) * jax.nn.sigmoid(gate))
+        arena, out = linear(env.plan, arena, src, (t, hq_d), p["wo"],
                             workspaces.FP8_ACT_REGIONS, interpret=env.interpret)  # fmt: skip
         if self.o_bias:
             out = out + p["bo"].astype(F32)
         return arena, out
 
-    def _apply_gate(self, env: Env, arena, t: int):
-        """`attn_output *= sigmoid(gate)`, the gate read back from `qkv_output` (the second
-        half of each head's q projection)."""
-        c = env.config
-        hq, hkv, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
-        qkv = get(env.plan, arena, "qkv_output", (t, (2 * hq + 2 * hkv) * hd))
-        gate = qkv[:, : 2 * hq * hd].reshape(t, hq, 2 * hd)[..., hd:].reshape(t, hq * hd)
-        o = get(env.plan, arena, "attn_output", (t, hq * hd))
-        return put(env.plan, arena, "attn_output", o * jax.nn.sigmoid(gate))
-
     def prefill(self, env: Env, params, arena, cache, ctx: StepContext):
-        """Appends the prompts' K/V to the cache; dense causal attention within each packed
-        sequence; `o_proj`. Returns `(arena, cache, out)`."""
-        c, t = env.config, ctx.num_tokens
-        arena, q, k, v = self._qkv(env, params, arena, ctx)
+        """Appends the chunk's K/V to the cache; causal attention of each packed sequence's
+        queries over its cached context (earlier chunks) plus the chunk itself, by the paged
+        prefill Pallas kernel written in place into `attn_output`; `o_proj`. Returns
+        `(arena, cache, out)`."""
+        arena, q, k, v, gate = self._qkv(env, params, arena, ctx)
         cache = self._append_kv(env, cache, k, v, ctx)
+        # Plain prefill: each sequence's context is its own queries.
+        lens = ctx.cu_seqlens[1:] - ctx.cu_seqlens[:-1] if ctx.seq_lens is None else ctx.seq_lens
         # Prefill attention reads what decode reads: bf16 queries and the bf16 cache.
-        q, k, v = (x.astype(BF16).astype(F32) for x in (q, k, v))
-        g = c.num_attention_heads // c.num_key_value_heads
-        kk, vv = jnp.repeat(k, g, axis=1), jnp.repeat(v, g, axis=1)
-        scale = 1 / math.sqrt(c.head_dim) if self.scale is None else self.scale
-        logits = jnp.einsum("thd,uhd->htu", q, kk) * scale
-        if self.softcap is not None:
-            logits = self.softcap * jnp.tanh(logits / self.softcap)
-        idx, seq = jnp.arange(t, dtype=jnp.int32), ctx.seq_ids
-        mask = (seq[:, None] == seq[None, :]) & (idx[None, :] <= idx[:, None])
-        if self.window is not None:  # keys within the `window` most recent, the query's own
-            pos = ctx.positions
-            mask &= pos[:, None] - pos[None, :] < self.window
-        logits = jnp.where(mask[None], logits, -jnp.inf)
-        if self.sinks:  # an extra column per head: the sink's logit, with a zero value row
-            sink = jnp.broadcast_to(
-                params["sinks"].astype(F32)[:, None, None], (*logits.shape[:2], 1)
-            )
-            probs = jax.nn.softmax(jnp.concatenate([logits, sink], -1), axis=-1)[..., :-1]
-        else:
-            probs = jax.nn.softmax(logits, axis=-1)
-        o = jnp.einsum("htu,uhd->thd", probs, vv).reshape(t, -1)
-        cache, arena = jax.lax.optimization_barrier((cache, arena))
-        arena = put(env.plan, arena, "attn_output", o)
-        arena, out = self._out(env, params, arena, t)
+        arena = paged_prefill_attention_into(
+            arena, env.plan, q.astype(BF16), cache["k"], cache["v"], ctx.block_tables,
+            ctx.cu_seqlens, lens, interpret=env.interpret, sm_scale=self.scale,
+            window_size=self.window, softcap=self.softcap,
+            sinks=params["sinks"].astype(F32) if self.sinks else None,
+        )  # fmt: skip
+        arena, out = self._out(env, params, arena, ctx.num_tokens, gate)
         return arena, cache, out
 
     def decode(self, env: Env, params, arena, cache, ctx: StepContext):
         """Appends the new K/V; split-K decode attention into `attn_output`; `o_proj`."""
-        arena, q, k, v = self._qkv(env, params, arena, ctx)
+        arena, q, k, v, gate = self._qkv(env, params, arena, ctx)
         cache = self._append_kv(env, cache, k, v, ctx)
         arena = splitk_decode_attention_into(
             arena, env.plan, q.astype(BF16), cache["k"], cache["v"], ctx.block_tables,
@@ -242,5 +224,5 @@ class Attention(Block):
             sm_scale=self.scale, window_size=self.window, softcap=self.softcap,
             sinks=params["sinks"].astype(F32) if self.sinks else None,
         )  # fmt: skip
-        arena, out = self._out(env, params, arena, ctx.num_tokens)
+        arena, out = self._out(env, params, arena, ctx.num_tokens, gate)
         return arena, cache, out

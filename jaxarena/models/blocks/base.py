@@ -53,7 +53,11 @@ class StepContext(NamedTuple):
       block_tables: `int32[S, max_blocks_per_seq]`, the KV pages of each sequence.
       cu_seqlens: prefill only: `int32[S + 1]`, sequence `s` is tokens
         `cu_seqlens[s]:cu_seqlens[s + 1]` (packed prompts).
-      seq_lens: decode only: `int32[B]`, each sequence's length after this token.
+      x: the block's input, the pre-normed rows (`float32[T, hidden]`, bf16-rounded), for a
+        block with `input_in_ctx`; None for the others, which read `norm_output`.
+      seq_lens: `int32[S]`, each sequence's length after this step (decode: after its new
+        token; prefill: its cached tokens plus this chunk, None in a plain prefill where it
+        is the chunk's length).
     """
 
     positions: jax.Array
@@ -61,6 +65,7 @@ class StepContext(NamedTuple):
     block_tables: jax.Array
     cu_seqlens: jax.Array | None = None
     seq_lens: jax.Array | None = None
+    x: jax.Array | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -85,6 +90,9 @@ class Block:
     """
 
     kind: ClassVar[str] = ""
+    # True: the block reads its input from `ctx.x` (an XLA value), so the decoder does not
+    # store it in `norm_output`; False: from the arena's `norm_output`.
+    input_in_ctx: ClassVar[bool] = False
 
     def init_params(self, config: ModelConfig, keys: Iterator[jax.Array]) -> dict[str, Any]:
         """Random float32 weights of this mixer (without the pre-norm)."""

@@ -1,7 +1,8 @@
 """The dense MLP: `relu2` (`down(relu(up x)^2)`, Nemotron-H) or `swiglu`
 (`down(silu(gate x) * up x)`, Llama / Qwen3; a Llama decoder layer is two blocks, attention
-then MLP). Arena regions: `expert_gate_out`, `expert_up_out`, `moe_output`, and the FP8
-activation buffers (`fp8_act*` for K = hidden, `ffn_act_*` for K = intermediate).
+then MLP). Arena regions: the FP8 activation buffers (`fp8_act*` for K = hidden, `ffn_act_*`
+for K = intermediate), which the quantizer kernel writes in place; the GEMM outputs are XLA
+values rounded as `expert_gate_out`, `expert_up_out`, `moe_output` would store them.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import jax.numpy as jnp
 
 from jaxarena import ModelConfig, workspaces
 from jaxarena.models.blocks.base import Block, Env, StepContext, dense_init
-from jaxarena.models.core.arena import get, linear, put
+from jaxarena.models.core.arena import linear, stored
 
 __all__ = ["MLP", "FFN_QUANT_REGIONS", "MLP_ACTS"]
 
@@ -41,6 +42,7 @@ class MLP(Block):
     """
 
     kind: ClassVar[str] = "mlp"
+    input_in_ctx: ClassVar[bool] = True
     act: str = "relu2"
     fp8_acts: bool = False
 
@@ -69,42 +71,36 @@ class MLP(Block):
         p["w_down"] = reader.linear(f"{prefix}.down_proj", h, inter)
         return p
 
-    def _forward(self, env: Env, p, arena, t: int):
-        """norm_output -> up (and gate) -> activation -> down -> `moe_output`."""
+    def _forward(self, env: Env, p, arena, x, t: int):
+        """x (the pre-normed rows) -> up (and gate) -> activation -> down. The GEMM outputs
+        stay XLA values, rounded as their regions (`expert_gate_out`, `expert_up_out`,
+        `moe_output`) would store them; only the FP8 quantizer writes the arena."""
         c, plan, it = env.config, env.plan, env.interpret
         h, inter = c.hidden_size, c.intermediate_size
         quant = self.fp8_acts
         act_regions = workspaces.FP8_ACT_REGIONS
         if self.act in _GATES:
-            arena, g = linear(plan, arena, "norm_output", (t, h), p["w_gate"], act_regions,
-                              quant=quant, interpret=it)  # fmt: skip
-            arena = put(plan, arena, "expert_gate_out", g)
-            # The up projection reuses the same quantized input (the FP8 buffers still hold it
-            # when the gate's weights are FP8), but re-quantizing keeps the dataflow simple.
-            arena, u = linear(plan, arena, "norm_output", (t, h), p["w_up"], act_regions,
-                              quant=quant, interpret=it)  # fmt: skip
-            arena = put(plan, arena, "expert_up_out", u)
-            g = get(plan, arena, "expert_gate_out", (t, inter))
-            u = get(plan, arena, "expert_up_out", (t, inter))
-            arena = put(plan, arena, "expert_up_out", _GATES[self.act](g) * u)
+            # One input quantization for both projections (a tuple weight).
+            arena, (g, u) = linear(plan, arena, x, (t, h), (p["w_gate"], p["w_up"]),
+                                   act_regions, quant=quant, interpret=it, split=True)  # fmt: skip
+            act = stored(_GATES[self.act](stored(g)) * stored(u))
         else:
-            arena, up = linear(plan, arena, "norm_output", (t, h), p["w_up"], act_regions,
-                               quant=quant, interpret=it)  # fmt: skip
-            arena = put(plan, arena, "expert_up_out", jnp.square(jax.nn.relu(up)))
+            arena, up = linear(plan, arena, x, (t, h), p["w_up"], act_regions, quant=quant,
+                               interpret=it)  # fmt: skip
+            act = stored(jnp.square(jax.nn.relu(up)))
         # The seed's floor(K / 128) k-major scales cannot hold ceil(K / 128) columns when the
         # intermediate size is not a multiple of 128: that projection reads its bf16 input.
         regions = FFN_QUANT_REGIONS if workspaces.ffn_fp8_uses_seed_regions(inter) else None
-        arena, down = linear(plan, arena, "expert_up_out", (t, inter), p["w_down"], regions,
-                             quant=quant, interpret=it)  # fmt: skip
-        arena = put(plan, arena, "moe_output", down)
-        return arena, get(plan, arena, "moe_output", (t, h))
+        arena, down = linear(plan, arena, act, (t, inter), p["w_down"], regions, quant=quant,
+                             interpret=it)  # fmt: skip
+        return arena, stored(down)
 
     def prefill(self, env: Env, params, arena, cache, ctx: StepContext):
         """The MLP of every prompt token; the cache (None) passes through."""
-        arena, out = self._forward(env, params, arena, ctx.num_tokens)
+        arena, out = self._forward(env, params, arena, ctx.x, ctx.num_tokens)
         return arena, cache, out
 
     def decode(self, env: Env, params, arena, cache, ctx: StepContext):
         """The MLP of each sequence's new token; the cache (None) passes through."""
-        arena, out = self._forward(env, params, arena, ctx.num_tokens)
+        arena, out = self._forward(env, params, arena, ctx.x, ctx.num_tokens)
         return arena, cache, out

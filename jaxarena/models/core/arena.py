@@ -24,7 +24,17 @@ import jax.numpy as jnp
 from jaxarena import ArenaPlan, workspaces
 from pallas_kernels import fp8_block_quant_into
 
-__all__ = ["BF16", "F32", "put", "get", "linear", "fp8_block_matmul", "is_fp8", "dequant_weight"]
+__all__ = [
+    "BF16",
+    "F32",
+    "put",
+    "get",
+    "stored",
+    "linear",
+    "fp8_block_matmul",
+    "is_fp8",
+    "dequant_weight",
+]
 
 BF16 = jnp.bfloat16
 F32 = jnp.float32
@@ -83,19 +93,29 @@ def get(plan: ArenaPlan, arena: jax.Array, name: str, shape: tuple[int, ...]) ->
     return plan.view(arena, name, shape, BF16).astype(F32)
 
 
-def linear(plan: ArenaPlan, arena: jax.Array, src: str, shape: tuple[int, int], w: Any,
+def stored(value: jax.Array) -> jax.Array:
+    """`value` rounded as a region stores it (bf16), as float32, without going through the
+    arena: for the intermediates no kernel reads or writes in place, which stay XLA values
+    that XLA fuses (see "what goes through the arena" in jaxarena/models/README.md). The same
+    numbers as `get` after `put`."""
+    return value.astype(BF16).astype(F32)
+
+
+def linear(plan: ArenaPlan, arena: jax.Array, src: Any, shape: tuple[int, int], w: Any,
            regions: tuple[str, ...] | None, *, quant: bool = False,
-           interpret: bool | None = None) -> tuple[jax.Array, jax.Array]:  # fmt: skip
-    """`x @ w` for `x` = region `src` (`shape = (T, K)`); see the module docstring.
+           interpret: bool | None = None, split: bool = False) -> tuple[jax.Array, Any]:  # fmt: skip
+    """`x @ w` for `x` = region `src` (`shape = (T, K)`), or `src` itself when it is an
+    array (a `stored` float32 value, not in the arena); see the module docstring.
 
     `regions` are the FP8 buffers the input is quantized into when a part of `w` is FP8 (or
     `quant`); None means they cannot hold this K (then the bf16 input is used as stored and
-    FP8 weights are dequantized). Returns `(arena, float32[T, sum of outputs])`.
+    FP8 weights are dequantized). Returns `(arena, float32[T, sum of outputs])`, or with
+    `split` `(arena, tuple of float32[T, out_i])`, one per part (no concatenation).
     """
     t, k = shape
     parts = _parts(w)
     if (quant or any(is_fp8(p) for p in parts)) and regions is not None:
-        x = plan.view(arena, src, shape, BF16)
+        x = src.astype(BF16) if not isinstance(src, str) else plan.view(arena, src, shape, BF16)
         arena = fp8_block_quant_into(arena, plan, x, regions=regions, interpret=interpret)
         rows, nb = workspaces.fp8_rows(t), workspaces.fp8_scale_cols(k)
         q = plan.view(arena, regions[0], (rows, k), jnp.float8_e4m3fn)[:t]
@@ -110,6 +130,13 @@ def linear(plan: ArenaPlan, arena: jax.Array, src: str, shape: tuple[int, int], 
                     xd = q.astype(F32) * jnp.repeat(s, workspaces.FP8_BLOCK, axis=1)[:, :k]
                 outs.append(xd @ p.astype(F32))
     else:
-        x = get(plan, arena, src, shape)
+        x = src if not isinstance(src, str) else get(plan, arena, src, shape)
         outs = [x @ (dequant_weight(p) if is_fp8(p) else p.astype(F32)) for p in parts]
-    return arena, outs[0] if len(outs) == 1 else jnp.concatenate(outs, -1)
+    out = tuple(outs) if split else outs[0] if len(outs) == 1 else jnp.concatenate(outs, -1)
+    if isinstance(src, str) or (quant or any(is_fp8(p) for p in parts)) and regions is not None:
+        # The product read arena bytes (the region, or the FP8 buffers just written): tie it
+        # to the arena so that the next write waits for it. Without a data dependency (the
+        # output is an XLA value, not stored back) XLA could schedule the write first and
+        # keep the old arena alive for the read, i.e. copy the whole arena.
+        out, arena = jax.lax.optimization_barrier((out, arena))
+    return arena, out

@@ -1,0 +1,171 @@
+"""The arena-free reference step: the same model as `ArenaLM` (same blocks, same weights,
+same Pallas attention kernels in their standalone forms), written plainly, every
+intermediate an XLA value. The step rule (jaxarena/models/README.md) is measured against it:
+launches and temp of `ArenaLM.prefill` / `decode_step` vs these.
+
+Also builds an `ArenaLM` at real widths from a config dict without weights (abstract bf16
+parameters and caches, `jax.ShapeDtypeStruct`), for `compile_for_gpu`.
+
+Attention and MLP blocks only (the dense families); `plain_*` raise NotImplementedError for a
+Mamba block.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxarena import ArenaPlan, BufferSizes, Levers, ModelConfig, Target
+from jaxarena.models.blocks.attention import Attention
+from jaxarena.models.blocks.mlp import MLP
+from jaxarena.models.core.norms import rms_norm
+from jaxarena.models.core.rope import rope
+from jaxarena.models.families.registry import family_for
+from jaxarena.models.stack import ArenaLM
+from pallas_kernels import paged_prefill_attention, splitk_decode_attention
+
+BF16, F32, I32 = jnp.bfloat16, jnp.float32, jnp.int32
+S = jax.ShapeDtypeStruct
+
+# Qwen3-0.6B's shapes (the issue's figures).
+QWEN3_0_6B = {
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 1024,
+    "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+    "intermediate_size": 3072, "num_hidden_layers": 28, "vocab_size": 151936,
+    "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": True,
+    "max_position_embeddings": 40960, "hidden_act": "silu", "torch_dtype": "bfloat16",
+    "attention_bias": False,
+}  # fmt: skip
+
+
+def build_model(raw: dict[str, Any], *, max_batch_tokens: int, max_seq_len: int,
+                kv_block_size: int = 16, max_batch_size: int = 8, target: Target | None = None,
+                interpret: bool | None = False) -> ArenaLM:  # fmt: skip
+    """An `ArenaLM` for the config dict `raw` at these serve limits (no weights read)."""
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d)
+        (path / "config.json").write_text(json.dumps(raw))
+        cfg = ModelConfig.from_hf(path / "config.json")
+        arch = family_for(raw["model_type"], path).arch(raw["model_type"], raw, cfg, path,
+                                                        max_seq_len)  # fmt: skip
+    target, levers = target or Target.preset("hopper"), Levers()
+    sizes = BufferSizes.from_config(cfg, max_batch_tokens, max_seq_len, kv_block_size,
+                                    max_batch_size, levers=levers, target=target)  # fmt: skip
+    return ArenaLM(config=cfg, arch=arch, plan=ArenaPlan.sequential(sizes),
+                   max_batch_tokens=max_batch_tokens, max_seq_len=max_seq_len,
+                   kv_block_size=kv_block_size, max_batch_size=max_batch_size, target=target,
+                   levers=levers, interpret=interpret)  # fmt: skip
+
+
+def abstract_params(model: ArenaLM, dtype=BF16) -> dict[str, Any]:
+    """`ShapeDtypeStruct`s of the model's parameters (as a bf16 checkpoint loads them)."""
+    c = model.config
+
+    def init():
+        keys = iter(jax.random.split(jax.random.key(0), 8 * len(model.arch.blocks) + 4))
+        layers = [{"norm": jnp.ones((c.hidden_size,)), **b.init_params(c, keys)}
+                  for b in model.arch.blocks]  # fmt: skip
+        p = {"embed": jnp.ones((c.vocab_size, c.hidden_size)), "layers": layers,
+             "final_norm": jnp.ones((c.hidden_size,))}  # fmt: skip
+        if not model.arch.tie_embeddings:
+            p["lm_head"] = jnp.ones((c.hidden_size, c.vocab_size))
+        return p
+
+    return jax.tree.map(lambda x: S(x.shape, dtype), jax.eval_shape(init))
+
+
+def abstract_caches(model: ArenaLM, *, num_blocks: int, rows: int) -> dict[str, Any]:
+    """`ShapeDtypeStruct`s of the model's caches."""
+    return jax.eval_shape(lambda: model.init_caches(num_blocks=num_blocks, rows=rows))
+
+
+def _check_blocks(model: ArenaLM) -> None:
+    for b in model.arch.blocks:
+        if not isinstance(b, Attention | MLP):
+            raise NotImplementedError(f"the plain step runs attention and MLP blocks, not {b.kind}")
+
+
+def _attention(model, b: Attention, p, x, cache, ctx, mode):
+    c, t = model.config, x.shape[0]
+    hq, hkv, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+    qkv = x @ p["wqkv"]
+    q = qkv[:, : hq * hd].reshape(t, hq, hd)
+    k = qkv[:, hq * hd : (hq + hkv) * hd].reshape(t, hkv, hd)
+    v = qkv[:, (hq + hkv) * hd :].reshape(t, hkv, hd)
+    if b.qk_norm:
+        q, k = rms_norm(q, p["q_norm"], b.rms_eps), rms_norm(k, p["k_norm"], b.rms_eps)
+    if b.rope:
+        q, k = rope(q, ctx["positions"], b.rope_theta), rope(k, ctx["positions"], b.rope_theta)
+    bs = model.kv_block_size
+    pos = ctx["positions"]
+    slots = ctx["block_tables"][ctx["seq_ids"], pos // bs] * bs + pos % bs
+    nb = cache["k"].shape[0]
+    flat = lambda a: a.reshape(nb * bs, hkv, hd)  # noqa: E731
+    cache = {
+        "k": flat(cache["k"]).at[slots].set(k.astype(BF16)).reshape(cache["k"].shape),
+        "v": flat(cache["v"]).at[slots].set(v.astype(BF16)).reshape(cache["v"].shape),
+    }
+    if mode == "prefill":
+        cu = ctx["cu_seqlens"]
+        o = paged_prefill_attention(q.astype(BF16), cache["k"], cache["v"], ctx["block_tables"],
+                                    cu, cu[1:] - cu[:-1], interpret=model.interpret)  # fmt: skip
+    else:
+        o = splitk_decode_attention(q.astype(BF16), cache["k"], cache["v"], ctx["block_tables"],
+                                    ctx["seq_lens"], levers=model.levers, target=model.target,
+                                    interpret=model.interpret)  # fmt: skip
+    return cache, o.reshape(t, hq * hd) @ p["wo"]
+
+
+def _mlp(b: MLP, p, x):
+    if b.act == "swiglu":
+        h = jax.nn.silu(x @ p["w_gate"]) * (x @ p["w_up"])
+    else:
+        h = jnp.square(jax.nn.relu(x @ p["w_up"]))
+    return h @ p["w_down"]
+
+
+def _blocks(model: ArenaLM, params, caches, tokens, ctx, mode):
+    _check_blocks(model)
+    eps = model.arch.rms_eps
+    x = params["embed"][tokens].astype(F32)
+    out = {}
+    for key, b, p in zip(model.arch.cache_keys, model.arch.blocks, params["layers"], strict=True):
+        h = rms_norm(x, p["norm"], eps).astype(BF16)
+        if isinstance(b, Attention):
+            out[key], y = _attention(model, b, p, h, caches[key], ctx, mode)
+        else:
+            out[key], y = caches[key], _mlp(b, p, h)
+        x = x + y.astype(F32)
+    return x, out
+
+
+def _head(model: ArenaLM, params, x):
+    h = rms_norm(x, params["final_norm"], model.arch.rms_eps).astype(BF16)
+    head = params["embed"].T if model.arch.tie_embeddings else params["lm_head"]
+    return (h @ head).astype(F32)
+
+
+def plain_prefill(model: ArenaLM, params, caches, tokens, cu_seqlens, block_tables):
+    """`ArenaLM.prefill` without the arena: `(caches, logits float32[S, vocab])`."""
+    t = tokens.shape[0]
+    idx = jnp.arange(t, dtype=I32)
+    seq = jnp.sum(cu_seqlens[None, 1:] <= idx[:, None], axis=1, dtype=I32)
+    ctx = dict(positions=idx - cu_seqlens[seq], seq_ids=seq, block_tables=block_tables,
+               cu_seqlens=cu_seqlens)  # fmt: skip
+    x, caches = _blocks(model, params, caches, tokens, ctx, "prefill")
+    return caches, _head(model, params, x[cu_seqlens[1:] - 1])
+
+
+def plain_decode_step(model: ArenaLM, params, caches, tokens, positions, block_tables,
+                      seq_lens):  # fmt: skip
+    """`ArenaLM.decode_step` without the arena: `(caches, logits, next_tokens)`."""
+    ctx = dict(positions=positions, seq_ids=jnp.arange(tokens.shape[0], dtype=I32),
+               block_tables=block_tables, seq_lens=seq_lens)  # fmt: skip
+    x, caches = _blocks(model, params, caches, tokens, ctx, "decode")
+    logits = _head(model, params, x)
+    return caches, logits, jnp.argmax(logits, -1).astype(I32)

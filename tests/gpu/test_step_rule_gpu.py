@@ -1,0 +1,80 @@
+"""The step rule (jaxarena/models/README.md, "what goes through the arena"): ArenaLM's prefill
+and decode steps, compiled for an H200 without a GPU, launch at most 1.15x the kernels of the
+same model written plainly (benchmarks/plain_step.py: the same blocks, weights and Pallas
+kernels, no arena) and need no more XLA temp than it. Tiny widths (CI); the real widths are
+benchmarks/step_costs.py's.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from jaxarena import gpu_aot
+from jaxarena.gpu_aot import compile_for_gpu
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from plain_step import (  # noqa: E402
+    QWEN3_0_6B,
+    abstract_caches,
+    abstract_params,
+    build_model,
+    plain_decode_step,
+    plain_prefill,
+)
+
+S, I32, U8 = jax.ShapeDtypeStruct, jnp.int32, jnp.uint8
+TINY = dict(QWEN3_0_6B, hidden_size=256, num_attention_heads=4, num_key_value_heads=2,
+            head_dim=64, intermediate_size=512, num_hidden_layers=2, vocab_size=512)  # fmt: skip
+BATCH, TOKENS, MAX_SEQ = 8, 256, 256
+# 1.15x: the issue's bound on launches against the plain step.
+LAUNCH_RATIO = 1.15
+
+
+@pytest.fixture(scope="module")
+def model():
+    try:
+        gpu_aot.gpu_device("h200")
+    except gpu_aot.GpuUnavailable as e:
+        pytest.skip(f"no compile-only h200 here: {e.reason}")
+    return build_model(TINY, max_batch_tokens=TOKENS, max_seq_len=MAX_SEQ, max_batch_size=BATCH)
+
+
+def _compile(fn, *args, donate):
+    return compile_for_gpu(fn, *args, target="h200", donate_argnums=donate, dump_dir=True)
+
+
+def test_decode_step_costs_no_more_than_the_plain_step(model):
+    per = MAX_SEQ // model.kv_block_size
+    params = abstract_params(model)
+    caches = abstract_caches(model, num_blocks=BATCH * per, rows=BATCH)
+    v, tables = S((BATCH,), I32), S((BATCH, per), I32)
+    arena = S(model.plan.arena_shape, U8)
+    a = _compile(model.decode_step, params, arena, caches, v, v, tables, v, donate=(1, 2))
+    p = _compile(functools.partial(plain_decode_step, model), params, caches, v, v, tables, v,
+                 donate=(1,))  # fmt: skip
+    assert a.launches <= LAUNCH_RATIO * p.launches, (a.launches, p.launches)
+    assert a.temp_bytes <= p.temp_bytes, (a.temp_bytes, p.temp_bytes)
+    cache_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(caches))
+    assert a.alias_bytes >= model.plan.total_bytes + cache_bytes  # arena and caches in place
+
+
+def test_prefill_costs_no_more_than_the_plain_step(model):
+    per = MAX_SEQ // model.kv_block_size
+    rows = BATCH + 1
+    params = abstract_params(model)
+    caches = abstract_caches(model, num_blocks=rows * per, rows=rows)
+    tok, cu, tables = S((TOKENS,), I32), S((rows + 1,), I32), S((rows, per), I32)
+    arena = S(model.plan.arena_shape, U8)
+    a = _compile(model.prefill, params, arena, caches, tok, cu, tables, donate=(1, 2))
+    p = _compile(functools.partial(plain_prefill, model), params, caches, tok, cu, tables,
+                 donate=(1,))  # fmt: skip
+    assert a.launches <= LAUNCH_RATIO * p.launches, (a.launches, p.launches)
+    # The arena form's only extra temp: none beyond the plain step's (its intermediates are
+    # the same XLA values).
+    assert a.temp_bytes <= p.temp_bytes, (a.temp_bytes, p.temp_bytes)
