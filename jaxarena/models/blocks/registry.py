@@ -10,6 +10,7 @@ from jaxarena.models.blocks.attention import Attention
 from jaxarena.models.blocks.base import Block
 from jaxarena.models.blocks.mamba2 import Mamba2
 from jaxarena.models.blocks.mlp import MLP
+from jaxarena.models.blocks.moe import MoE
 
 __all__ = ["BLOCKS", "LAYER_TYPES", "block_kind"]
 
@@ -18,6 +19,7 @@ BLOCKS: dict[str, type[Block]] = {
     Attention.kind: Attention,
     Mamba2.kind: Mamba2,
     MLP.kind: MLP,
+    MoE.kind: MoE,
 }
 
 # A config's `layer_types` entry -> block kind (the names Nemotron-H-style configs use).

@@ -8,12 +8,14 @@ from pathlib import Path
 from jaxarena.models.families.base import Family, unsupported
 from jaxarena.models.families.llama import Llama
 from jaxarena.models.families.mamba2 import Mamba2Family
+from jaxarena.models.families.moe import Mixtral, Qwen3Moe
 from jaxarena.models.families.nemotron_h import NemotronH
 from jaxarena.models.families.qwen3 import Qwen3
 
 __all__ = ["FAMILIES", "SUPPORTED_FAMILIES", "family_for"]
 
-_FAMILY_LIST: tuple[Family, ...] = (Llama(), Qwen3(), Mamba2Family(), NemotronH())
+_FAMILY_LIST: tuple[Family, ...] = (Llama(), Qwen3(), Mamba2Family(), NemotronH(), Qwen3Moe(),
+                                     Mixtral())  # fmt: skip
 FAMILIES: dict[str, Family] = {t: f for f in _FAMILY_LIST for t in f.model_types}
 SUPPORTED_FAMILIES = tuple(FAMILIES)
 
