@@ -10,6 +10,10 @@ Fixtures (under ``tests/fixtures/checkpoints/``):
 * ``qwen3_moe``: Qwen3MoeForCausalLM, 3 layers, 8 experts of width 32, top-2, renormalised;
   ``mlp_only_layers=[1]`` makes layer 1 a dense SwiGLU MLP.
 * ``mixtral``: MixtralForCausalLM, 2 layers, 4 experts of width 64, top-2.
+* ``nemotron_h_moe``: NemotronHForCausalLM, pattern ``ME*E``: 8 relu^2 experts of width 32
+  on a 32-wide latent (``moe_latent_size``, hidden 64), a shared expert of width 64, sigmoid
+  routing over 4 groups keeping 2, ``routed_scaling_factor=2.5``, and a random
+  ``e_score_correction_bias`` (0.05 N(0, 1)).
 * ``qwen3_moe_fp8``: a Qwen3-MoE whose attention projections and expert weights are
   block-FP8 (e4m3 + one float32 ``weight_scale_inv`` per 128 x 128 block, as
   Qwen3-30B-A3B-FP8 ships); the router (``mlp.gate``), embeddings, norms and LM head stay
@@ -21,7 +25,9 @@ transformers' float32 router had, so tests can leave near-ties out:
 position of prompt ``i`` followed by its 8 greedy tokens (one teacher-forced pass), the
 router logit of the k-th chosen expert minus that of the best expert left out (softmax is
 monotone, so this decides the choice); and ``router_logit_absmax``, the largest router logit
-magnitude seen.
+magnitude seen.  For the sigmoid group router (Nemotron-H) the margins are of the choice
+scores, converted to logit units (``_sigmoid_margin``): the smaller of the expert choice's
+and the group choice's.
 """
 
 from __future__ import annotations
@@ -37,7 +43,14 @@ import numpy as np
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
-from transformers import MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+from transformers import (
+    MixtralConfig,
+    MixtralForCausalLM,
+    NemotronHConfig,
+    NemotronHForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import make_fixtures as mf  # noqa: E402
@@ -89,9 +102,31 @@ def _mixtral_config() -> MixtralConfig:
     )
 
 
+def _nemotron_h_moe_config() -> NemotronHConfig:
+    base = mf._nemotron_h_config().to_dict()
+    for key in ("hybrid_override_pattern", "layers_block_type", "num_hidden_layers"):
+        base.pop(key, None)
+    return NemotronHConfig(**{
+        **base,
+        "hybrid_override_pattern": "ME*E",
+        "n_routed_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "moe_shared_expert_intermediate_size": 64,
+        "moe_latent_size": 32,
+        "n_group": 4,
+        "topk_group": 2,
+        "norm_topk_prob": True,
+        "routed_scaling_factor": 2.5,
+        "num_nextn_predict_layers": 0,
+    })  # fmt: skip
+
+
 FAMILIES = {
     "qwen3_moe": (Qwen3MoeForCausalLM, _qwen3_moe_config),
     "mixtral": (MixtralForCausalLM, _mixtral_config),
+    # LatentMoE (latent 32 of hidden 64), shared expert, 4 groups of 2 experts, 2 groups kept.
+    "nemotron_h_moe": (NemotronHForCausalLM, _nemotron_h_moe_config),
     # hidden 128, q 4 x 64, kv 2 x 64, expert width 128: every K and N a multiple of 128.
     "qwen3_moe_fp8": (
         Qwen3MoeForCausalLM,
@@ -105,6 +140,10 @@ def _build(cls, make_config, offset: int) -> torch.nn.Module:
     gen = mf._seed(offset)
     model = cls(make_config())
     mf._perturb(model, gen)
+    with torch.no_grad():
+        for name, buf in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # zeros at init: make it matter
+                buf.copy_(0.05 * torch.randn(buf.shape, generator=gen))
     model = model.to(torch.bfloat16)
     model.config.dtype = "bfloat16"
     return model
@@ -115,8 +154,10 @@ def _router_margins(model, result) -> dict[str, np.ndarray]:
     """Per prompt, the k-th minus (k+1)-th router logit of every MoE layer and position."""
     k = model.config.num_experts_per_tok
     seen: list[torch.Tensor] = []
+    routers = [m for name, m in model.named_modules()
+               if name.endswith(("mlp.gate", "mixer.gate"))]  # fmt: skip
     hooks = [m.register_forward_hook(lambda _m, _i, out: seen.append(out[0].float()))
-             for name, m in model.named_modules() if name.endswith("mlp.gate")]  # fmt: skip
+             for m in routers]  # fmt: skip
     assert hooks, "no router modules found"
     out, absmax = {}, 0.0
     for i, n in enumerate(result["prompt_lengths"]):
@@ -124,15 +165,36 @@ def _router_margins(model, result) -> dict[str, np.ndarray]:
         seq = list(result["prompt_ids"][i, :n]) + list(result["greedy_tokens"][i])
         model(input_ids=torch.tensor([seq], dtype=torch.long), use_cache=False)
         margins = []
-        for logits in seen:  # [T, E] per MoE layer
-            top = torch.sort(logits, dim=-1, descending=True).values
-            margins.append((top[:, k - 1] - top[:, k]).numpy())
+        for logits, router in zip(seen, routers, strict=True):  # [T, E] per MoE layer
+            if hasattr(router, "e_score_correction_bias"):
+                margins.append(_sigmoid_margin(router, logits, k))
+            else:
+                top = torch.sort(logits, dim=-1, descending=True).values
+                margins.append((top[:, k - 1] - top[:, k]).numpy())
             absmax = max(absmax, float(logits.abs().max()))
         out[f"router_margin_{i}"] = np.stack(margins).astype(np.float32)
     for h in hooks:
         h.remove()
     out["router_logit_absmax"] = np.array(absmax, np.float32)
     return out
+
+
+def _sigmoid_margin(router, logits: torch.Tensor, k: int) -> np.ndarray:
+    """The sigmoid group router's margins in logit units: a logit moved by d moves its score
+    (sigmoid' <= 1/4) by at most d / 4 and a group score (a sum of two) by d / 2, so the
+    score margin of the expert choice counts x4 and that of the group choice x2."""
+    scores = logits.sigmoid()
+    choice = scores + router.e_score_correction_bias.float()
+    t, e = choice.shape
+    g, kg = router.num_group, router.topk_group
+    group = choice.view(t, g, e // g).topk(2, dim=-1)[0].sum(-1)
+    gs = torch.sort(group, dim=-1, descending=True).values
+    group_margin = gs[:, kg - 1] - gs[:, kg] if kg < g else torch.full((t,), torch.inf)
+    keep = torch.zeros_like(group).scatter_(1, group.topk(kg, dim=-1)[1], 1.0)
+    masked = choice.masked_fill(~keep.repeat_interleave(e // g, 1).bool(), -torch.inf)
+    cs = torch.sort(masked, dim=-1, descending=True).values
+    choice_margin = cs[:, k - 1] - cs[:, k]
+    return torch.minimum(4 * choice_margin, 2 * group_margin).numpy()
 
 
 def _reference_of(cls, path: Path, offset: int) -> dict[str, np.ndarray]:
