@@ -14,7 +14,7 @@ Fixtures (under ``tests/fixtures/checkpoints/``):
   on a 32-wide latent (``moe_latent_size``, hidden 64), a shared expert of width 64, sigmoid
   routing over 4 groups keeping 2, ``routed_scaling_factor=2.5``, and a random
   ``e_score_correction_bias`` (0.05 N(0, 1)).
-* ``qwen3_moe_fp8``: a Qwen3-MoE whose attention projections and expert weights are
+* ``qwen3_moe_fp8``: a one-layer Qwen3-MoE (4 experts of width 128, hidden 128) whose attention projections and expert weights are
   block-FP8 (e4m3 + one float32 ``weight_scale_inv`` per 128 x 128 block, as
   Qwen3-30B-A3B-FP8 ships); the router (``mlp.gate``), embeddings, norms and LM head stay
   bf16.  Its references come from the float32 model holding the dequantized weights.
@@ -25,7 +25,11 @@ transformers' float32 router had, so tests can leave near-ties out:
 position of prompt ``i`` followed by its 8 greedy tokens (one teacher-forced pass), the
 router logit of the k-th chosen expert minus that of the best expert left out (softmax is
 monotone, so this decides the choice); and ``router_logit_absmax``, the largest router logit
-magnitude seen.  For the sigmoid group router (Nemotron-H) the margins are of the choice
+magnitude seen.  The prompts (lengths 1, 5, 11, 16) are random, built token by token from
+draws whose position has margins of at least ``QUIET_MARGIN`` in every MoE layer, so the strict
+comparison keeps every prompt position (a flipped choice at one position reaches the later
+ones through attention, so the tests leave out everything from a sequence's first near-tie
+on; without this choice few positions would remain).  For the sigmoid group router (Nemotron-H) the margins are of the choice
 scores, converted to logit units (``_sigmoid_margin``): the smaller of the expert choice's
 and the group choice's.
 """
@@ -56,6 +60,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import make_fixtures as mf  # noqa: E402
 
 EXPERT_LINEARS = ("gate_proj", "up_proj", "down_proj")
+# Prompts are drawn until the router has no near-tie on them (margin in logit units at least
+# this at every prompt position and MoE layer): the tests leave out every position from a
+# sequence's first near-tie on, and derive thresholds below this (they check it).
+QUIET_MARGIN = 0.3
 
 
 def _qwen3_moe_config(hidden=64, heads=4, head_dim=16, inter=128, moe_inter=32, experts=8,
@@ -130,7 +138,7 @@ FAMILIES = {
     # hidden 128, q 4 x 64, kv 2 x 64, expert width 128: every K and N a multiple of 128.
     "qwen3_moe_fp8": (
         Qwen3MoeForCausalLM,
-        lambda: _qwen3_moe_config(128, 4, 64, 256, 128, 4, layers=2, mlp_only=()),
+        lambda: _qwen3_moe_config(128, 4, 64, 256, 128, 4, layers=1, mlp_only=()),
     ),
 }
 OFFSET = 10  # seeds apart from make_fixtures.py's fixtures
@@ -149,32 +157,62 @@ def _build(cls, make_config, offset: int) -> torch.nn.Module:
     return model
 
 
-@torch.no_grad()
-def _router_margins(model, result) -> dict[str, np.ndarray]:
-    """Per prompt, the k-th minus (k+1)-th router logit of every MoE layer and position."""
-    k = model.config.num_experts_per_tok
-    seen: list[torch.Tensor] = []
-    routers = [m for name, m in model.named_modules()
-               if name.endswith(("mlp.gate", "mixer.gate"))]  # fmt: skip
-    hooks = [m.register_forward_hook(lambda _m, _i, out: seen.append(out[0].float()))
-             for m in routers]  # fmt: skip
-    assert hooks, "no router modules found"
-    out, absmax = {}, 0.0
-    for i, n in enumerate(result["prompt_lengths"]):
-        seen.clear()
-        seq = list(result["prompt_ids"][i, :n]) + list(result["greedy_tokens"][i])
+class _Routers:
+    """Records each MoE router's logits (`[T, E]`) during a forward pass."""
+
+    def __init__(self, model) -> None:
+        self.k = model.config.num_experts_per_tok
+        self.routers = [m for name, m in model.named_modules()
+                        if name.endswith(("mlp.gate", "mixer.gate"))]  # fmt: skip
+        assert self.routers, "no router modules found"
+        self.seen: list[torch.Tensor] = []
+        for m in self.routers:
+            m.register_forward_hook(lambda _m, _i, out: self.seen.append(out[0].float()))
+
+    @torch.no_grad()
+    def margins(self, model, seq: list[int]) -> tuple[np.ndarray, float]:
+        """`[n_moe_layers, len(seq)]` margins (logit units) and the largest |router logit|."""
+        self.seen.clear()
         model(input_ids=torch.tensor([seq], dtype=torch.long), use_cache=False)
-        margins = []
-        for logits, router in zip(seen, routers, strict=True):  # [T, E] per MoE layer
+        out = []
+        for logits, router in zip(self.seen, self.routers, strict=True):
             if hasattr(router, "e_score_correction_bias"):
-                margins.append(_sigmoid_margin(router, logits, k))
+                out.append(_sigmoid_margin(router, logits, self.k))
             else:
                 top = torch.sort(logits, dim=-1, descending=True).values
-                margins.append((top[:, k - 1] - top[:, k]).numpy())
-            absmax = max(absmax, float(logits.abs().max()))
-        out[f"router_margin_{i}"] = np.stack(margins).astype(np.float32)
-    for h in hooks:
-        h.remove()
+                out.append((top[:, self.k - 1] - top[:, self.k]).numpy())
+        return np.stack(out).astype(np.float32), max(float(x.abs().max()) for x in self.seen)
+
+
+def _quiet_prompts(model, routers: _Routers, offset: int) -> list[list[int]]:
+    """Random prompts (fixed seed) on which transformers' router margins are at least
+    `QUIET_MARGIN` at every position and MoE layer, built token by token (the model is causal:
+    appending a token leaves the earlier positions' margins as they were): each next token is
+    the first random draw whose position has no near-tie. The greedy continuation may still
+    have near-ties."""
+    rng = np.random.default_rng(mf.SEED + 2000 + offset)
+    vocab, prompts = model.config.vocab_size, []
+    for n in mf.PROMPT_LENGTHS:
+        p: list[int] = []
+        while len(p) < n:
+            for _ in range(1000):
+                tok = int(rng.integers(0, vocab))
+                if routers.margins(model, p + [tok])[0][:, -1].min() >= QUIET_MARGIN:
+                    p.append(tok)
+                    break
+            else:
+                raise RuntimeError(f"no token continues {p} without a router near-tie")
+        prompts.append(p)
+    return prompts
+
+
+def _router_margins(model, routers: _Routers, result) -> dict[str, np.ndarray]:
+    """Per prompt + its greedy tokens, the margins of every MoE layer and position."""
+    out, absmax = {}, 0.0
+    for i, n in enumerate(result["prompt_lengths"]):
+        seq = list(result["prompt_ids"][i, :n]) + list(result["greedy_tokens"][i])
+        out[f"router_margin_{i}"], top = routers.margins(model, seq)
+        absmax = max(absmax, top)
     out["router_logit_absmax"] = np.array(absmax, np.float32)
     return out
 
@@ -198,9 +236,11 @@ def _sigmoid_margin(router, logits: torch.Tensor, k: int) -> np.ndarray:
 
 
 def _reference_of(cls, path: Path, offset: int) -> dict[str, np.ndarray]:
-    model = mf._load_f32(cls, path)
-    result = mf._reference(model, mf._prompts(model.config.vocab_size, offset))
-    return result | _router_margins(model, result)
+    model = mf._load_f32(cls, path).eval()
+    routers = _Routers(model)
+    prompts = _quiet_prompts(model, routers, offset)
+    result = mf._reference(model, prompts)
+    return result | _router_margins(model, routers, result)
 
 
 def _make_bf16(name: str, offset: int, out: Path) -> dict[str, np.ndarray]:
