@@ -212,9 +212,8 @@ def test_moe_fp8_experts_stay_fp8(runs):
 
 
 def test_moe_fp8_logits_within_the_e4m3_bound(runs):
-    from pallas_kernels.grouped_gemm import max_work_items
-
     from jaxarena import workspaces
+    from pallas_kernels.grouped_gemm import max_work_items
 
     r = runs.run(FP8_MOE)
     lm, ref = runs.lm(FP8_MOE), r["ref"]

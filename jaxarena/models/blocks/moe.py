@@ -148,7 +148,8 @@ class MoE(Block):
                 p["s_gate"] = reader.linear(f"{s}.gate_proj", si, h)
             if self.shared_gate:
                 p["s_scale"] = np.ascontiguousarray(
-                    reader.matrix(f"{prefix}.shared_expert_gate.weight", 1, h).T)
+                    reader.matrix(f"{prefix}.shared_expert_gate.weight", 1, h).T
+                )
         if self.latent:
             p["w_lat_in"] = reader.linear(f"{prefix}.fc1_latent_proj", d, h)
             p["w_lat_out"] = reader.linear(f"{prefix}.fc2_latent_proj", h, d)

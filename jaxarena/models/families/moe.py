@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from jaxarena import ModelConfig
-from jaxarena.models.blocks.mlp import MLP
 from jaxarena.models.blocks.moe import MoE
 from jaxarena.models.blocks.moe_routing import is_qwen3_moe_layer
 from jaxarena.models.families.base import TensorNames, unsupported
