@@ -238,3 +238,32 @@ def test_moe_fp8_logits_within_the_e4m3_bound(runs):
     slab = np.asarray(lm.model.plan.view(lm.arena, "moe_fp8_scratch", (off + 4,), jnp.uint8))
     count = int(slab[off:].view(np.uint32)[0])
     assert 1 <= count <= max_work_items(t * c.num_experts_per_tok, c.num_experts, 128)
+
+
+@pytest.mark.parametrize(
+    ("preset", "moe_layers", "first"),
+    [
+        ("qwen3-30b-a3b", 48, dict(router="softmax", norm_topk_prob=True, act="swiglu")),
+        ("mixtral-8x7b", 32, dict(router="softmax", expert_names=("w1", "w3", "w2"))),
+        ("nemotron-3-nano-30b-a3b", 23,
+         dict(router="sigmoid_group", act="relu2", shared="shared_experts",
+              routed_scaling_factor=2.5)),
+    ],
+)  # fmt: skip
+def test_real_moe_configs_build_their_blocks(preset, moe_layers, first):
+    """The released configs (/work/shared/models, bundled as presets) map to MoE blocks."""
+    import json
+    from pathlib import Path
+
+    from jaxarena import ModelConfig
+    from jaxarena.models.families import family_for
+
+    path = Path(__file__).resolve().parents[2] / "jaxarena" / "presets" / f"{preset}.json"
+    raw = json.loads(path.read_text())
+    cfg = ModelConfig.from_hf(path)
+    arch = family_for(raw["model_type"], path.parent).arch(raw["model_type"], raw, cfg,
+                                                           path.parent, 4096)  # fmt: skip
+    moe = [b for b in arch.blocks if b.kind == "moe"]
+    assert len(moe) == moe_layers
+    for key, value in first.items():
+        assert getattr(moe[0], key) == value, key
