@@ -22,6 +22,11 @@ sequence's first near-tie (any MoE layer) on is left out of the strict compariso
 fixture prompts are built without near-ties at margin 0.3 (`QUIET_MARGIN`), above every
 derived `2 delta` here, so all prompt positions are compared; the greedy steps from the
 first near-tie on are not.
+
+Measured at the time of writing (largest prefill logit difference / bound; greedy tokens
+equal to transformers'): qwen3_moe 0.061 / 0.181, 81% (the rest after a near-tie in the
+continuation); nemotron_h_moe 0.081 / 0.193, 100%; mixtral 0.203 / 0.137 (see below), 100%;
+qwen3_moe_fp8 0.75 / 2.36 (the FP8 bound), 84%.
 """
 
 from __future__ import annotations
