@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxarena._moe_routing import (
+from jaxarena.models.blocks.moe_routing import (
     combine,
     gpt_oss_route,
     is_qwen3_moe_layer,

@@ -12,6 +12,7 @@ from jaxarena.models.blocks.gated_deltanet import GatedDeltaNet
 from jaxarena.models.blocks.mamba2 import Mamba2
 from jaxarena.models.blocks.mla import MLA
 from jaxarena.models.blocks.mlp import MLP
+from jaxarena.models.blocks.moe import MoE
 
 __all__ = ["BLOCKS", "LAYER_TYPES", "block_kind"]
 
@@ -22,6 +23,7 @@ BLOCKS: dict[str, type[Block]] = {
     Mamba2.kind: Mamba2,
     MLP.kind: MLP,
     MLA.kind: MLA,
+    MoE.kind: MoE,
 }
 
 # A config's `layer_types` entry -> block kind (the names Nemotron-H-style configs use).
