@@ -92,7 +92,7 @@ class CausalLM:
       fp8: whether the checkpoint's linear weights are FP8 block-quantized.
       arena_pointer: the device address of the arena buffer at load time.
       compile_seconds: seconds spent compiling, by step (`"prefill"`, `"prefill_all"`,
-        `"decode"`); near zero when an equal model in the process compiled it already.
+        `"prefill_chunk"` (chunked prefill), `"decode"`); near zero when an equal model in the process compiled it already.
       decode_counter: counts the traces of the decode step (`jaxarena.testing`).
       last_stats: figures of the last `generate` call (tokens, seconds).
     """
