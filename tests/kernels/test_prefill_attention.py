@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _helpers.lowering import cuda_lowering_text
 from _helpers.tolerances import tol
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -377,7 +378,7 @@ def test_lowers_for_cuda_as_one_triton_kernel():
     def f(q, k, v, bt, cu, sl):
         return paged_prefill_attention(q, k, v, bt, cu, sl, interpret=False, window_size=8)
 
-    text = jax.jit(f).trace(q, kv, kv, *tables).lower(lowering_platforms=("cuda",)).as_text()
+    text = cuda_lowering_text(f, q, kv, kv, *tables)
     assert len(re.findall(r"__gpu\$xla\.gpu\.triton", text)) == 1
     assert "paged_prefill_attention" in text
 
