@@ -13,6 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 
 __all__ = [
+    "check_paged_heads",
+    "paged_v_shape",
     "resolve_interpret",
     "is_int",
     "is_concrete",
@@ -124,3 +126,44 @@ def int_values(name: str, values: Any, *, lo: int = 0, hi: int = INT32_MAX) -> n
         if not lo <= x <= hi:
             raise ValueError(f"{name}[{i}]={x} is outside [{lo}, {hi}] (int32 token offsets)")
     return np.asarray(values, np.int32)
+
+
+def paged_v_shape(kshape: tuple[int, ...], v_cache: Any, v_head_dim: Any) -> tuple[int, ...]:
+    """The value cache's shape for the paged attention kernels: `v_cache`'s, or with
+    `v_cache=None` (MLA's latent cache) `k_cache`'s with the first `v_head_dim` columns."""
+    if v_cache is None:
+        if not is_int(v_head_dim) or not 1 <= v_head_dim <= kshape[3]:
+            raise ValueError(
+                "v_cache=None reads the values from the first v_head_dim columns of k_cache "
+                f"(MLA's latent cache): v_head_dim must be an int in 1..{kshape[3]} "
+                f"(k_cache.shape[3]), got {v_head_dim=!r}"
+            )
+        return (*kshape[:3], int(v_head_dim))
+    vshape = check_rank("v_cache", v_cache, 4, "[num_blocks, block_size, num_kv_heads, head_dim_v]")
+    if v_head_dim is not None and v_head_dim != vshape[3]:
+        raise ValueError(
+            f"v_head_dim={v_head_dim!r} disagrees with v_cache.shape[3]={vshape[3]}; "
+            "pass v_head_dim only with v_cache=None"
+        )
+    return vshape
+
+
+def check_paged_heads(hq: int, d: int, kshape: tuple[int, ...], vshape: tuple[int, ...]) -> None:
+    """The paged attention kernels' head checks: k and v caches share pages and heads, q and
+    k share the head dim, and the q heads are a positive multiple of the kv heads."""
+    if kshape[:3] != vshape[:3]:
+        raise ValueError(
+            f"k_cache and v_cache must share [num_blocks, block_size, num_kv_heads], got "
+            f"k_cache.shape={kshape} and v_cache.shape={vshape}"
+        )
+    hkv, dk = kshape[2], kshape[3]
+    if dk != d:
+        raise ValueError(
+            f"head dims differ: q.shape[-1]={d} but k_cache.shape[-1]={dk}; q and k_cache "
+            "must share head_dim"
+        )
+    if hkv < 1 or hq < 1 or hq % hkv:
+        raise ValueError(
+            f"num_q_heads must be a positive multiple of num_kv_heads (GQA/MQA), got "
+            f"q.shape[1]={hq} and k_cache.shape[2]={hkv}"
+        )

@@ -15,6 +15,7 @@ import numpy as np
 
 from pallas_kernels._args import check_finite as _check_finite
 from pallas_kernels._args import check_nonempty as _check_nonempty
+from pallas_kernels._args import check_paged_heads, paged_v_shape
 from pallas_kernels._args import check_rank as _shape
 from pallas_kernels._args import is_concrete as _is_concrete
 from pallas_kernels._args import is_int as _is_int
@@ -119,44 +120,16 @@ def validate(
     T, Hq, D = _shape("q", q, 3, "[num_tokens, num_q_heads, head_dim]")
     _check_nonempty("q", T, "token count q.shape[0]")
     kshape = _shape("k_cache", k_cache, 4, "[num_blocks, block_size, num_kv_heads, head_dim]")
-    if v_cache is None:
-        if not _is_int(v_head_dim) or not 1 <= v_head_dim <= kshape[3]:
-            raise ValueError(
-                "v_cache=None reads the values from the first v_head_dim columns of k_cache "
-                f"(MLA's latent cache): v_head_dim must be an int in 1..{kshape[3]} "
-                f"(k_cache.shape[3]), got {v_head_dim=!r}"
-            )
-        vshape = (*kshape[:3], int(v_head_dim))
-    else:
-        vshape = _shape("v_cache", v_cache, 4, "[num_blocks, block_size, num_kv_heads, head_dim_v]")
-        if v_head_dim is not None and v_head_dim != vshape[3]:
-            raise ValueError(
-                f"v_head_dim={v_head_dim!r} disagrees with v_cache.shape[3]={vshape[3]}; "
-                "pass v_head_dim only with v_cache=None"
-            )
+    vshape = paged_v_shape(kshape, v_cache, v_head_dim)
     bshape = _shape("block_tables", block_tables, 2, "[num_seqs, max_blocks_per_seq]")
     cshape = _shape("cu_seqlens_q", cu_seqlens_q, 1, "[num_seqs + 1]")
     lshape = _shape("seq_lens", seq_lens, 1, "[num_seqs]")
     q_dtype = jnp.dtype(q.dtype)
     if not jnp.issubdtype(q_dtype, jnp.floating):
         raise ValueError(f"q must be floating (float32, bfloat16, float16), got q.dtype={q_dtype}")
-    if kshape[:3] != vshape[:3]:
-        raise ValueError(
-            f"k_cache and v_cache must share [num_blocks, block_size, num_kv_heads], got "
-            f"k_cache.shape={kshape} and v_cache.shape={vshape}"
-        )
-    num_blocks, page_size, Hkv, Dk = kshape
+    check_paged_heads(Hq, D, kshape, vshape)
+    num_blocks, page_size, Hkv, _ = kshape
     Dv = vshape[3]
-    if Dk != D:
-        raise ValueError(
-            f"head dims differ: q.shape[-1]={D} but k_cache.shape[-1]={Dk}; q and k_cache "
-            "must share head_dim"
-        )
-    if Hkv < 1 or Hq < 1 or Hq % Hkv:
-        raise ValueError(
-            f"num_q_heads must be a positive multiple of num_kv_heads (GQA/MQA), got "
-            f"q.shape[1]={Hq} and k_cache.shape[2]={Hkv}"
-        )
     for name, arr in (("block_tables", block_tables), ("cu_seqlens_q", cu_seqlens_q),
                       ("seq_lens", seq_lens)):  # fmt: skip
         if jnp.dtype(arr.dtype) != jnp.int32:
