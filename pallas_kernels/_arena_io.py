@@ -28,7 +28,16 @@ from jax import lax
 
 from jaxarena._units import ROW_BYTES
 
-__all__ = ["ROW_BYTES", "WORD", "WORDS_PER_ROW", "Windows", "plan_windows", "to_bytes", "words"]
+__all__ = [
+    "ROW_BYTES",
+    "WORD",
+    "WORDS_PER_ROW",
+    "Place",
+    "Windows",
+    "plan_windows",
+    "to_bytes",
+    "words",
+]
 
 # ROW_BYTES: the arena's row width, from the one place that defines it (re-exported here for
 # the kernels that address the arena in rows).
@@ -45,6 +54,24 @@ def to_bytes(w: jax.Array, shape: tuple[int, ...] | None = None) -> jax.Array:
     """uint32 `[rows, 64]` -> uint8 `[rows, 256]` (or `shape`); an XLA bitcast on the GPU."""
     out = lax.bitcast_convert_type(w, jnp.uint8)
     return out.reshape((w.shape[0], ROW_BYTES) if shape is None else shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class Place:
+    """Where a region of 32-bit words starts in a 2-D word operand of row width `width` (the
+    split-K and prefill attention kernels store their outputs and partials as words).
+
+    Word `i` of the region is element `(row0 + (col0 + i) // width, (col0 + i) % width)`.
+    `row0` is a static int (< 2^31); `i` is int32 (regions stay below 2^31 bytes).
+    """
+
+    row0: int
+    col0: int
+    width: int
+
+    def at(self, i):
+        j = self.col0 + i
+        return self.row0 + j // self.width, j % self.width
 
 
 @dataclasses.dataclass(frozen=True)

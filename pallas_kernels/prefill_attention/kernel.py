@@ -52,6 +52,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from pallas_kernels._arena_io import Place
+
 __all__ = ["Place", "PrefillConfig", "prefill_attention_kernel", "TILE_FIELDS"]
 
 _HI = lax.Precision.HIGHEST
@@ -59,20 +61,6 @@ _NT = (((1,), (1,)), ((), ()))  # a @ b^T without a transpose
 _NN = (((1,), (0,)), ((), ()))
 # Columns of the tile table.
 TILE_FIELDS = ("q0", "q1", "pos0", "seq", "kv_end")
-
-
-@dataclasses.dataclass(frozen=True)
-class Place:
-    """Where a region of 32-bit words starts in a 2-D word operand of row width `width`:
-    word `i` is element `(row0 + (col0 + i) // width, (col0 + i) % width)`."""
-
-    row0: int
-    col0: int
-    width: int
-
-    def at(self, i):
-        j = self.col0 + i
-        return self.row0 + j // self.width, j % self.width
 
 
 @dataclasses.dataclass(frozen=True)

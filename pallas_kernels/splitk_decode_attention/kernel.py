@@ -57,6 +57,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from pallas_kernels._arena_io import Place
+
 __all__ = ["Place", "KernelConfig", "splitk_attention_kernel", "splitk_combine_kernel"]
 
 # f32 dots in IEEE precision (Triton would otherwise use TF32, 10 mantissa bits).
@@ -70,23 +72,6 @@ _COMBINE_COLS = 128
 
 def _cdiv(a, b):
     return (a + b - 1) // b
-
-
-@dataclasses.dataclass(frozen=True)
-class Place:
-    """Where a region of 32-bit words starts in a 2-D word operand of row width `width`.
-
-    Word `i` of the region is element `(row0 + (col0 + i) // width, (col0 + i) % width)`.
-    `row0` is a static int (< 2^31); `i` is int32 (regions stay below 2^31 bytes).
-    """
-
-    row0: int
-    col0: int
-    width: int
-
-    def at(self, i):
-        j = self.col0 + i
-        return self.row0 + j // self.width, j % self.width
 
 
 @dataclasses.dataclass(frozen=True)
