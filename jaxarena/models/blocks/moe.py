@@ -156,6 +156,25 @@ class MoE(Block):
         return p
 
     # -- the step ----------------------------------------------------------------------------
+    # Hooks a variant block overrides (gpt-oss: router bias, expert biases, clamped GLU); the
+    # defaults are the plain router and activations above. `expert` is `int32[T * top_k]`,
+    # the expert of each sorted row.
+
+    def _router_logits(self, p, x: jax.Array) -> jax.Array:
+        """Router logits, float32 `[T, E]`, from the float32 router input `x [T, hidden]`."""
+        return x @ p["router"].astype(F32)
+
+    def _act(self, p, gu: jax.Array, expert: jax.Array) -> jax.Array:
+        """The expert activation of the first grouped GEMM's float32 rows: `[gate | up]`
+        (`[rows, 2 * inter]`, swiglu) or `up` (`[rows, inter]`, relu2) -> `[rows, inter]`."""
+        if self.act == "swiglu":
+            inter = gu.shape[-1] // 2
+            return jax.nn.silu(gu[:, :inter]) * gu[:, inter:]
+        return jnp.square(jax.nn.relu(gu))
+
+    def _down_bias(self, p, y: jax.Array, expert: jax.Array) -> jax.Array:
+        """The down projection's float32 rows before the routing weights (no bias here)."""
+        return y
 
     def _route(self, p, logits: jax.Array, top_k: int):
         if self.router == "softmax":
@@ -217,12 +236,13 @@ class MoE(Block):
         # 1. router, in float32
         arena = plan.write(arena, "moe_router_in_f32", get(plan, arena, "norm_output", (t, h)))
         xr = plan.view(arena, "moe_router_in_f32", (t, h), F32)
-        logits = xr @ p["router"].astype(F32)
+        logits = self._router_logits(p, xr)
         arena = plan.write(arena, "gate_logits_f32", logits)
         arena = put(plan, arena, "gate_logits", logits)
         # 2. routing and the dropless layout
         weights, ids = self._route(p, plan.view(arena, "gate_logits_f32", (t, e), F32), k)
         order, sizes, token = sort_by_expert(ids, e)
+        expert = ids.reshape(-1)[order]
         src = "norm_output"
         if self.latent:  # 3.
             arena, lat = linear(plan, arena, "norm_output", (t, h), p["w_lat_in"],
@@ -235,15 +255,13 @@ class MoE(Block):
         if self.act == "swiglu":
             arena = put(plan, arena, "expert_gate_out", gu[:, :inter])
             arena = put(plan, arena, "expert_up_out", gu[:, inter:])
-            g = get(plan, arena, "expert_gate_out", (rows, inter))
-            u = get(plan, arena, "expert_up_out", (rows, inter))
-            arena = put(plan, arena, "expert_up_out", jax.nn.silu(g) * u)
-        else:
-            arena = put(plan, arena, "expert_up_out", jnp.square(jax.nn.relu(gu)))
+            gu = jnp.concatenate([get(plan, arena, "expert_gate_out", (rows, inter)),
+                                  get(plan, arena, "expert_up_out", (rows, inter))], axis=-1)  # fmt: skip
+        arena = put(plan, arena, "expert_up_out", self._act(p, gu, expert))
         # 5. down
         arena, y = self._gemm(env, arena, "expert_up_out", (rows, inter), p["w_down"], sizes,
                               None, t)  # fmt: skip
-        arena = put(plan, arena, "expert_down_out", y)
+        arena = put(plan, arena, "expert_down_out", self._down_bias(p, y, expert))
         # 6. combine in float32
         y = get(plan, arena, "expert_down_out", (rows, d))
         arena = put(plan, arena, "moe_output", combine(y, order, weights, F32))
