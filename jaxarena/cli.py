@@ -444,14 +444,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
         Target.preset(args.target)
     except ValueError as e:
         raise CliError(f"--target {args.target!r}: {e}") from None
+    from jaxarena.models.runtime import RequestError
+
     try:
         return run_generate(args, CliError)
-    except ValueError as e:
-        # `CausalLM.generate` checks the request (token ids within the vocabulary, prompts
-        # within the limits) with plain ValueErrors; here they are input errors. TODO: once
-        # the models raise a typed request error, catch only that.
-        if type(e) is not ValueError:
-            raise
+    except RequestError as e:  # token ids or lengths the model's limits refuse: input errors
         raise CliError(str(e)) from e
 
 

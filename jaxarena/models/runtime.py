@@ -47,7 +47,15 @@ from jaxarena.models.families.registry import SUPPORTED_FAMILIES, family_for
 from jaxarena.models.stack import ArenaLM
 from jaxarena.testing import count_traces
 
-__all__ = ["CausalLM", "CheckpointError", "load_pretrained", "SUPPORTED_FAMILIES"]
+__all__ = ["CausalLM", "CheckpointError", "RequestError", "load_pretrained", "SUPPORTED_FAMILIES"]
+
+
+class RequestError(ValueError):
+    """A `prefill_logits` / `generate` request the model cannot serve as given: token ids that
+    are empty, not integers or outside the vocabulary, more prompts than `max_batch_size`, a
+    bad `max_new_tokens`, or a length past `max_batch_tokens` / `max_seq_len`. The message
+    names the argument and the limit."""
+
 
 _GUARD_BYTES = 64
 # Compiled steps by (model, step signature, weight / arena / cache types), shared across
@@ -185,10 +193,10 @@ class CausalLM:
     def _check_ids(self, ids: Any, what: str) -> np.ndarray:
         a = np.asarray(ids)
         if a.ndim != 1 or a.size == 0 or not np.issubdtype(a.dtype, np.integer):
-            raise ValueError(f"{what} must be a non-empty list of token ids, got {ids!r}")
+            raise RequestError(f"{what} must be a non-empty list of token ids, got {ids!r}")
         bad = a[(a < 0) | (a >= self.config.vocab_size)]
         if bad.size:
-            raise ValueError(f"{what} has token ids {bad[:5].tolist()} outside "
+            raise RequestError(f"{what} has token ids {bad[:5].tolist()} outside "
                              f"[0, vocab_size={self.config.vocab_size})")  # fmt: skip
         return a.astype(np.int32)
 
@@ -245,12 +253,12 @@ class CausalLM:
         (bf16). Uses cache row 0 (a later `generate` re-runs its own prefill).
 
         Raises:
-          ValueError: an empty sequence, ids outside the vocabulary, or more tokens than
+          RequestError: an empty sequence, ids outside the vocabulary, or more tokens than
             `max_batch_tokens`.
         """
         ids = self._check_ids(token_ids, "token_ids")
         if ids.size > self.model.max_batch_tokens:
-            raise ValueError(f"{ids.size} tokens exceed max_batch_tokens="
+            raise RequestError(f"{ids.size} tokens exceed max_batch_tokens="
                              f"{self.model.max_batch_tokens}")  # fmt: skip
         tokens, cu = self._packed([ids])
         fn = functools.partial(self.model.prefill, all_logits=True)
@@ -276,13 +284,20 @@ class CausalLM:
         Returns:
           `list[list[int]]`, `max_new_tokens` new tokens per prompt; with `return_logits`,
           `(tokens, float32[B, max_new_tokens, vocab])`. `last_stats` gets the timings.
+
+        Raises:
+          RequestError: a bad `max_new_tokens`, no prompt or more than `max_batch_size`, a
+            prompt that is empty or has ids outside the vocabulary, a prompt plus
+            `max_new_tokens` longer than `max_seq_len`.
+          NotImplementedError: prompts longer than `max_batch_tokens` together, for a model
+            whose blocks cannot prefill in chunks.
         """
         m = self.model
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) \
                 or max_new_tokens < 1:  # fmt: skip
-            raise ValueError(f"max_new_tokens={max_new_tokens!r} must be an int >= 1")
+            raise RequestError(f"max_new_tokens={max_new_tokens!r} must be an int >= 1")
         if not 1 <= len(prompts) <= m.max_batch_size:
-            raise ValueError(f"{len(prompts)} prompts; between 1 and max_batch_size="
+            raise RequestError(f"{len(prompts)} prompts; between 1 and max_batch_size="
                              f"{m.max_batch_size} are allowed")  # fmt: skip
         ids = [self._check_ids(p, f"prompts[{i}]") for i, p in enumerate(prompts)]
         lens = np.array([len(p) for p in ids], np.int32)
@@ -296,7 +311,7 @@ class CausalLM:
                 "max_batch_tokens"
             )  # fmt: skip
         if lens.max() + max_new_tokens > m.max_seq_len:
-            raise ValueError(f"a prompt of {lens.max()} tokens + max_new_tokens={max_new_tokens}"
+            raise RequestError(f"a prompt of {lens.max()} tokens + max_new_tokens={max_new_tokens}"
                              f" exceeds max_seq_len={m.max_seq_len}")  # fmt: skip
         b, rows = len(ids), m.max_batch_size
         compiled = sum(self.compile_seconds.values())

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from lm_runs import CHECKPOINTS, LIMITS, reference
 
 from jaxarena.cli import main
@@ -42,3 +43,16 @@ def test_generate_errors_are_one_line(capsys, tmp_path):
         assert main(["generate", *argv]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and words in err, err
+
+
+def test_generate_keeps_the_traceback_of_an_internal_value_error(monkeypatch):
+    """Only a `RequestError` (the request's input) becomes one line; a plain ValueError from
+    inside the model is a bug and reaches the caller whole."""
+    from jaxarena.models import runtime
+
+    def broken(self, prompts, max_new_tokens, **kw):
+        raise ValueError("internal shape mismatch")
+
+    monkeypatch.setattr(runtime.CausalLM, "generate", broken)
+    with pytest.raises(ValueError, match="internal shape mismatch"):
+        main(["generate", str(CHECKPOINTS / "llama"), "--prompt-ids", "1"])
