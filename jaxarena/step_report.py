@@ -173,7 +173,7 @@ class _ShapeReader(Reader):
 
 
 # Block kinds whose `read_params` needs real arrays (see `abstract_model`).
-_NO_SHAPE_READER = frozenset({"moe"})
+_NO_SHAPE_READER = frozenset({"moe", "moe_gpt_oss"})
 
 
 def _abstract_params(source: ModelSource, arch: Any, raw: dict[str, Any], *,

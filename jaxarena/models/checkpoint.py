@@ -251,6 +251,10 @@ def fp8_spec(raw: dict[str, Any], path: Path) -> FP8Spec | None:
     def unsupported(what: str) -> NotImplementedError:
         return NotImplementedError(f"{path / 'config.json'}: {what}")
 
+    if isinstance(q, dict) and q.get("quant_method") == "mxfp4":
+        raise unsupported("quantization_config quant_method='mxfp4': MXFP4 expert weights (as "
+                          "the gpt-oss releases ship) are not implemented; load a bf16 "
+                          "checkpoint (dequantized) instead")  # fmt: skip
     if not isinstance(q, dict) or q.get("quant_method") != "fp8":
         method = q.get("quant_method") if isinstance(q, dict) else q
         raise unsupported(f"quantization_config quant_method={method!r}; only 'fp8'")

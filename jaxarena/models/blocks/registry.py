@@ -13,6 +13,7 @@ from jaxarena.models.blocks.mamba2 import Mamba2
 from jaxarena.models.blocks.mla import MLA
 from jaxarena.models.blocks.mlp import MLP
 from jaxarena.models.blocks.moe import MoE
+from jaxarena.models.blocks.moe_gpt_oss import GptOssMoE
 
 __all__ = ["BLOCKS", "LAYER_TYPES", "block_kind"]
 
@@ -24,6 +25,7 @@ BLOCKS: dict[str, type[Block]] = {
     MLP.kind: MLP,
     MLA.kind: MLA,
     MoE.kind: MoE,
+    GptOssMoE.kind: GptOssMoE,
 }
 
 # A config's `layer_types` entry -> block kind (the names Nemotron-H-style configs use).

@@ -8,6 +8,7 @@ from pathlib import Path
 from jaxarena.models.families.base import Family, unsupported
 from jaxarena.models.families.deepseek import DeepseekV2, DeepseekV3
 from jaxarena.models.families.gemma import Gemma2, Gemma3
+from jaxarena.models.families.gpt_oss import GptOss
 from jaxarena.models.families.llama import Llama
 from jaxarena.models.families.mamba2 import Mamba2Family
 from jaxarena.models.families.moe import Mixtral, Qwen3Moe
@@ -21,7 +22,7 @@ __all__ = ["FAMILIES", "SUPPORTED_FAMILIES", "family_for"]
 
 _FAMILY_LIST: tuple[Family, ...] = (Llama(), Qwen3(), Mamba2Family(), NemotronH(), Qwen2(),
                                     Gemma2(), Gemma3(), Qwen3_5(), Qwen3Next(), DeepseekV2(),
-                                    DeepseekV3(), Qwen3Moe(), Mixtral())  # fmt: skip
+                                    DeepseekV3(), Qwen3Moe(), Mixtral(), GptOss())  # fmt: skip
 FAMILIES: dict[str, Family] = {t: f for f in _FAMILY_LIST for t in f.model_types}
 SUPPORTED_FAMILIES = tuple(FAMILIES)
 

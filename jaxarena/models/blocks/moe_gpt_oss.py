@@ -1,0 +1,134 @@
+"""gpt-oss's mixture-of-experts block: `MoE` with a biased router, biased experts and a
+clamped GLU, as transformers 5.x computes it (`gpt_oss/modeling_gpt_oss.py`:
+`GptOssTopKRouter.forward`, `GptOssExperts._apply_gate` and `.forward`).
+
+Per token `x` (the bf16 `norm_output`, widened to float32 for the router):
+
+1. router logits `x @ W_r.T + b_r`; top-k on the logits, softmax over the k chosen
+   (`moe_routing.gpt_oss_route`);
+2. per chosen expert `j`: `[gate | up] = x @ W_gu[j] + b_gu[j]`, `gate = min(gate, limit)`,
+   `up = clip(up, -limit, limit)`, `glu = gate * sigmoid(alpha * gate)`, `a = (up + 1) * glu`;
+3. `y_j = a @ W_d[j] + b_d[j]`, and the token's output `sum_j w_j y_j`: the down bias is
+   scaled by the routing weight like the rest of the row.
+
+Only the hooks of `MoE` are overridden (`_router_logits`, `_route`, `_act`, `_down_bias`); the
+step, its grouped GEMMs and its arena regions are `MoE._forward`'s. The gate/up biases are
+added to the float32 rows read back from `expert_gate_out` / `expert_up_out` (the grouped
+GEMM has no bias), the down bias before `expert_down_out` is stored.
+
+Checkpoint layout (what `GptOssForCausalLM.save_pretrained` writes, and the bf16 releases):
+`{prefix}.router.weight [E, hidden]`, `{prefix}.router.bias [E]`,
+`{prefix}.experts.gate_up_proj [E, hidden, 2 * inter]` with gate and up INTERLEAVED along the
+last axis (gate = columns 0, 2, 4, ..., up = 1, 3, 5, ...), `gate_up_proj_bias [E, 2 * inter]`
+(interleaved too), `down_proj [E, inter, hidden]`, `down_proj_bias [E, hidden]`. They are
+de-interleaved once at load into `MoE`'s `[gate | up]` layout. MXFP4 experts (the hub's
+`gate_up_proj_blocks` / `_scales`) are refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxarena import ModelConfig
+from jaxarena.models.blocks.moe import MoE
+from jaxarena.models.blocks.moe_routing import gpt_oss_route
+from jaxarena.models.checkpoint import FLOAT_DTYPES
+from jaxarena.models.core.arena import F32
+
+__all__ = ["GptOssMoE", "deinterleave"]
+
+
+def deinterleave(a: np.ndarray) -> np.ndarray:
+    """`[..., 2n]` with gate and up interleaved (`g0 u0 g1 u1 ...`) -> `[..., 2n]` as
+    `[gate | up]` (`g0 g1 ... u0 u1 ...`)."""
+    return np.concatenate([a[..., 0::2], a[..., 1::2]], axis=-1)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GptOssMoE(MoE):
+    """gpt-oss's routed experts (see the module docstring); no cache.
+
+    Attributes:
+      alpha: the GLU's sigmoid gain (`swiglu_alpha`, 1.702).
+      limit: the clamp of gate (above) and up (both sides) (`swiglu_limit`, 7.0).
+
+    `MoE`'s routing options do not apply (the router is always gpt-oss's); `act` stays
+    `"swiglu"` (the `[gate | up]` GEMM layout), without shared experts or latent projections.
+
+    Parameters: `MoE`'s (`norm`, `router [hidden, E]`, `w_gate_up [E, hidden, 2 * inter]`
+    as `[gate | up]`, `w_down [E, inter, hidden]`) plus `router_bias [E]`, `b_gate_up
+    [E, 2 * inter]` (`[gate | up]`) and `b_down [E, hidden]`, in the checkpoint's dtype
+    (added in float32).
+    """
+
+    kind: ClassVar[str] = "moe_gpt_oss"
+    alpha: float = 1.702
+    limit: float = 7.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.act != "swiglu" or self.shared or self.latent:
+            raise ValueError(f"GptOssMoE(act={self.act!r}, shared={self.shared!r}, latent="
+                             f"{self.latent}): gpt-oss experts are gated (act='swiglu'), "
+                             "without shared experts or latent projections")  # fmt: skip
+        if not self.alpha > 0:
+            raise ValueError(f"GptOssMoE.alpha={self.alpha!r} must be > 0 (swiglu_alpha)")
+        if not self.limit > 0:
+            raise ValueError(f"GptOssMoE.limit={self.limit!r} must be > 0 (swiglu_limit)")
+
+    def read_params(self, reader: Any, config: ModelConfig, prefix: str,
+                    norm: str) -> dict[str, Any]:  # fmt: skip
+        """`{prefix}.router.*` and the fused `{prefix}.experts.*` tensors (module docstring).
+
+        Raises:
+          NotImplementedError: MXFP4 or FP8 expert weights.
+          CheckpointError: a missing tensor or a shape the config does not imply.
+        """
+        h, e, inter = config.hidden_size, config.num_experts, config.moe_intermediate_size
+        ex = f"{prefix}.experts"
+        if f"{ex}.gate_up_proj_blocks" in reader.ckpt:
+            raise NotImplementedError(f"{reader.ckpt.path}: {ex}.gate_up_proj_blocks: MXFP4 "
+                                      "gpt-oss experts are not implemented; load a bf16 "
+                                      "checkpoint")  # fmt: skip
+        if reader.fp8 is not None and reader.fp8.quantized(ex):
+            raise NotImplementedError(f"{reader.ckpt.path}: FP8 gpt-oss experts ({ex}) are "
+                                      "not implemented")  # fmt: skip
+
+        def get(name: str, *shape: int) -> np.ndarray:  # as stored (bf16 in releases)
+            return np.array(reader.raw(name, shape, FLOAT_DTYPES))
+
+        return {
+            "norm": reader.vector(norm, h),
+            "router": np.ascontiguousarray(reader.matrix(f"{prefix}.router.weight", e, h).T),
+            "router_bias": get(f"{prefix}.router.bias", e),
+            "w_gate_up": deinterleave(get(f"{ex}.gate_up_proj", e, h, 2 * inter)),
+            "b_gate_up": deinterleave(get(f"{ex}.gate_up_proj_bias", e, 2 * inter)),
+            "w_down": get(f"{ex}.down_proj", e, inter, h),
+            "b_down": get(f"{ex}.down_proj_bias", e, h),
+        }
+
+    # -- MoE's hooks ---------------------------------------------------------------------------
+
+    def _router_logits(self, p, x: jax.Array) -> jax.Array:
+        """`x @ W_r.T + b_r` in float32 (`GptOssTopKRouter`'s `F.linear` with its bias)."""
+        return x @ p["router"].astype(F32) + p["router_bias"].astype(F32)
+
+    def _route(self, p, logits: jax.Array, top_k: int):
+        return gpt_oss_route(logits, top_k)
+
+    def _act(self, p, gu: jax.Array, expert: jax.Array) -> jax.Array:
+        """The clamped GLU of the `[gate | up]` rows plus their expert's biases."""
+        inter = gu.shape[-1] // 2
+        gu = gu + p["b_gate_up"].astype(F32)[expert]
+        gate = jnp.minimum(gu[:, :inter], self.limit)
+        up = jnp.clip(gu[:, inter:], -self.limit, self.limit)
+        return (up + 1.0) * (gate * jax.nn.sigmoid(self.alpha * gate))
+
+    def _down_bias(self, p, y: jax.Array, expert: jax.Array) -> jax.Array:
+        """The down projection's rows plus their expert's bias (weighted later with them)."""
+        return y + p["b_down"].astype(F32)[expert]
