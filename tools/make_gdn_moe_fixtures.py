@@ -117,13 +117,54 @@ def _fuse_experts(path: Path, num_experts: int) -> None:
         else:
             out[key] = value.contiguous()
     for moe in sorted(moes):
-        def stack(name: str) -> torch.Tensor:
-            return torch.stack([state[f"{moe}.experts.{j}.{name}.weight"]
-                                for j in range(num_experts)])  # fmt: skip
-
-        out[f"{moe}.experts.gate_up_proj"] = torch.cat([stack("gate_proj"), stack("up_proj")], 1)
-        out[f"{moe}.experts.down_proj"] = stack("down_proj")
+        gate, up, down = (
+            torch.stack([state[f"{moe}.experts.{j}.{name}.weight"] for j in range(num_experts)])
+            for name in ("gate_proj", "up_proj", "down_proj")
+        )
+        out[f"{moe}.experts.gate_up_proj"] = torch.cat([gate, up], 1)
+        out[f"{moe}.experts.down_proj"] = down
     save_file(out, str(file), metadata={"format": "pt"})
+
+
+@torch.no_grad()
+def _quiet_run(model, routers: mm._Routers, seq: list[int]) -> int:
+    """How many of the greedy steps after `seq` (teacher-forced float32 argmax) come before
+    the first router margin below `QUIET_MARGIN` at the last prompt position or later."""
+    full = list(seq)
+    for _ in range(mf.MAX_NEW_TOKENS - 1):
+        logits = model(input_ids=torch.tensor([full]), use_cache=False).logits[0, -1]
+        full.append(int(logits.argmax()))
+    quiet = routers.margins(model, full)[0].min(0)[len(seq) - 1 :] >= mm.QUIET_MARGIN
+    return int(np.cumprod(quiet).sum())
+
+
+def _quiet_prompts(model, routers: mm._Routers, offset: int, draws: int = 64) -> list[list[int]]:
+    """`make_moe_fixtures._quiet_prompts` with a longer quiet stretch: every token but the
+    last is its first draw without a near-tie, as there; the last is, of up to `draws` such
+    draws, the one whose greedy continuation stays quiet longest (stopping at a fully quiet
+    one), so that the greedy comparison keeps most decode steps."""
+    rng = np.random.default_rng(mf.SEED + 2000 + offset)
+    vocab, prompts = model.config.vocab_size, []
+    for n in mf.PROMPT_LENGTHS:
+        p: list[int] = []
+        while len(p) < n:
+            best, best_run, tries = None, -1, 0
+            while tries < (draws if len(p) == n - 1 else 1):
+                for _ in range(1000):
+                    tok = int(rng.integers(0, vocab))
+                    if routers.margins(model, p + [tok])[0][:, -1].min() >= mm.QUIET_MARGIN:
+                        break
+                else:
+                    raise RuntimeError(f"no token continues {p} without a router near-tie")
+                tries += 1
+                run = _quiet_run(model, routers, p + [tok]) if len(p) == n - 1 else 0
+                if run > best_run:
+                    best, best_run = tok, run
+                if best_run == mf.MAX_NEW_TOKENS:
+                    break
+            p.append(best)
+        prompts.append(p)
+    return prompts
 
 
 def _make(name: str, offset: int, out: Path) -> dict[str, np.ndarray]:
@@ -143,7 +184,10 @@ def _make(name: str, offset: int, out: Path) -> dict[str, np.ndarray]:
         with torch.no_grad():
             a, b = per_expert(input_ids=ids).logits, fused(input_ids=ids).logits
         assert torch.equal(a, b), f"fused experts change the logits by {(a - b).abs().max()}"
-    return mm._reference_of(cls, path, offset)
+    model = mf._load_f32(cls, path).eval()
+    routers = mm._Routers(model)
+    result = mf._reference(model, _quiet_prompts(model, routers, offset))
+    return result | mm._router_margins(model, routers, result)
 
 
 def build(out: Path, only: str | None = None) -> None:
