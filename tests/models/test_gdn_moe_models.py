@@ -230,3 +230,33 @@ def test_conditional_generation_layout_reads_the_text_model(runs, tmp_path):
         assert set(got) == set(ref)
         for key in got:
             np.testing.assert_array_equal(np.asarray(got[key]), np.asarray(ref[key]), key)
+
+
+def test_fused_experts_reader_passes_through_and_refuses_fused_fp8():
+    """Per-expert names without a fused tensor go to the wrapped reader unchanged; fused
+    experts in an FP8 checkpoint are refused (valid, not implemented), unless the config
+    leaves the experts unquantized."""
+    from types import SimpleNamespace
+
+    from jaxarena.models.checkpoint import FP8Spec
+    from jaxarena.models.families.fused_experts import FusedExpertsReader
+
+    class Ckpt(dict):
+        path = Path("/ckpt")
+
+    calls = []
+    inner = SimpleNamespace(ckpt=Ckpt({"m.mlp.experts.gate_up_proj": None}), fp8=None,
+                            linear=lambda *a: calls.append(a) or "inner")  # fmt: skip
+    reader = FusedExpertsReader(inner, num_experts=8)
+    assert reader.linear("x.mlp.experts.3.up_proj", 32, 64) == "inner"
+    assert reader.linear("m.mlp.shared_expert.up_proj", 32, 64) == "inner"
+    assert calls == [("x.mlp.experts.3.up_proj", 32, 64), ("m.mlp.shared_expert.up_proj", 32, 64)]
+    inner.fp8 = FP8Spec(block=(128, 128), skip=())
+    with pytest.raises(NotImplementedError, match="FP8 experts stored fused"):
+        reader.linear("m.mlp.experts.0.gate_proj", 32, 64)
+    inner.fp8 = FP8Spec(block=(128, 128), skip=("experts",))
+    inner.raw = lambda name, shape, dtypes: np.arange(np.prod(shape)).reshape(shape)
+    gate, up = (reader.linear(f"m.mlp.experts.1.{n}", 4, 3) for n in ("gate_proj", "up_proj"))
+    full = np.arange(8 * 8 * 3).reshape(8, 8, 3)[1]  # expert 1: [2 * 4 rows, 3]
+    np.testing.assert_array_equal(gate, full[:4].T)
+    np.testing.assert_array_equal(up, full[4:].T)
