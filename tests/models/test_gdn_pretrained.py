@@ -208,9 +208,10 @@ def test_gdn_regions_hold_what_the_block_docstring_says(runs, name):
 
 
 def test_real_config_shapes():
-    """The bundled Qwen3.5-35B-A3B preset: `qwen3_5_moe` and MoE layers are refused clearly; the
-    same config with a dense MLP builds 30 GDN and 10 gated-attention mixers with rotary dim
-    64 (0.25 x 256) and 4-tap convs."""
+    """The bundled Qwen3.5-35B-A3B preset: a dense `qwen3_5` model_type with experts is refused
+    clearly (`qwen3_5_moe` is its own family, tests/models/test_gdn_moe_models.py); the same
+    config with a dense MLP builds 30 GDN and 10 gated-attention mixers with rotary dim 64
+    (0.25 x 256) and 4-tap convs."""
     import json
     from pathlib import Path
 
@@ -220,9 +221,7 @@ def test_real_config_shapes():
     raw = json.loads(preset.read_text())
     path = Path("/checkpoints/qwen3.5")
     moe = ModelConfig.from_hf(raw)
-    with pytest.raises(NotImplementedError, match="model_type='qwen3_5_moe' is not supported"):
-        family_for(raw["model_type"], path)
-    with pytest.raises(NotImplementedError, match="MoE layers are not implemented"):
+    with pytest.raises(NotImplementedError, match="num_experts=256 under a dense Qwen3.5"):
         family_for("qwen3_5", path).arch("qwen3_5", raw, moe, path, 4096)
     dense = json.loads(json.dumps(raw))
     dense["model_type"] = "qwen3_5"

@@ -21,6 +21,7 @@ from jaxarena.models.blocks.gated_deltanet import GatedDeltaNet
 from jaxarena.models.blocks.mlp import MLP
 from jaxarena.models.checkpoint import Reader
 from jaxarena.models.families.base import Family, TensorNames, unsupported
+from jaxarena.models.families.fused_experts import FusedExpertsReader
 from jaxarena.models.families.llama import rope_theta
 from jaxarena.models.stack import Arch
 
@@ -38,7 +39,7 @@ def text_config(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 class Qwen3_5(Family):
-    """`qwen3_5` and `qwen3_5_text` with a dense MLP (`qwen3_5_moe` needs the MoE block)."""
+    """`qwen3_5` and `qwen3_5_text`: a dense MLP after every mixer (MoE: `Qwen3_5Moe`)."""
 
     model_types = ("qwen3_5", "qwen3_5_text")
     interleaved = False  # Qwen3-Next's fused in_proj_qkvz / in_proj_ba
@@ -62,8 +63,6 @@ class Qwen3_5(Family):
              max_seq_len: int) -> Arch:  # fmt: skip
         """A GDN or gated-attention mixer per layer, each followed by a SwiGLU MLP."""
         text = text_config(raw)
-        if config.num_experts > 0:
-            raise unsupported(path, "Qwen3.5 MoE layers are not implemented")
         if text.get("hidden_act", "silu") != "silu":
             raise unsupported(path, f"hidden_act={text['hidden_act']!r}; only silu")
         if text.get("attention_bias"):
@@ -85,13 +84,20 @@ class Qwen3_5(Family):
             raise unsupported(path, f"layer_types {other or config.layer_types}; only "
                               "full_attention and linear_attention")  # fmt: skip
         blocks = []
-        for lt in config.layer_types:
-            blocks += [mixers[lt], self.mlp(config, text, path)]
+        for i, lt in enumerate(config.layer_types):
+            blocks += [mixers[lt], self.mlp(config, text, path, i)]
         return Arch(blocks=tuple(blocks), rms_eps=eps, tie_embeddings=config.tie_word_embeddings,
                     norm_offset=1.0)  # fmt: skip
 
-    def mlp(self, config: ModelConfig, text: dict[str, Any], path: Path) -> Any:
-        """The block after each mixer: a dense SwiGLU MLP."""
+    def mlp(self, config: ModelConfig, text: dict[str, Any], path: Path, layer: int) -> Any:
+        """The block after decoder layer `layer`'s mixer: a dense SwiGLU MLP.
+
+        Raises:
+          NotImplementedError: a config with experts (`qwen3_5_moe` is its own family).
+        """
+        if config.num_experts > 0:
+            raise unsupported(path, f"num_experts={config.num_experts} under a dense Qwen3.5 "
+                              "model_type; MoE checkpoints are model_type qwen3_5_moe")  # fmt: skip
         return MLP(act="swiglu")
 
     def tensor_names(self, config: ModelConfig, arch: Arch, prefix: str = "model") -> TensorNames:
@@ -107,9 +113,12 @@ class Qwen3_5(Family):
 
     def read_params(self, reader: Reader, config: ModelConfig, arch: Arch) -> dict[str, Any]:
         """The text model's weights, under `model.language_model` when the checkpoint is a
-        ConditionalGeneration one (its vision and MTP tensors are left unread on purpose)."""
+        ConditionalGeneration one (its vision and MTP tensors are left unread on purpose);
+        MoE experts per expert or fused (`FusedExpertsReader`)."""
         nested = "model.language_model.embed_tokens.weight" in reader.ckpt
         prefix = "model.language_model" if nested else "model"
-        params = self.read_named(reader, config, arch, self.tensor_names(config, arch, prefix))
+        names = self.tensor_names(config, arch, prefix)
+        experts = FusedExpertsReader(reader, config.num_experts)
+        params = self.read_named(experts, config, arch, names)  # type: ignore[arg-type]
         reader.used.update(n for n in reader.ckpt if n.startswith(_NOT_TEXT))
         return params

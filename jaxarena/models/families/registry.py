@@ -16,13 +16,14 @@ from jaxarena.models.families.nemotron_h import NemotronH
 from jaxarena.models.families.qwen2 import Qwen2
 from jaxarena.models.families.qwen3 import Qwen3
 from jaxarena.models.families.qwen3_5 import Qwen3_5
+from jaxarena.models.families.qwen3_5_moe import Qwen3_5Moe
 from jaxarena.models.families.qwen3_next import Qwen3Next
 
 __all__ = ["FAMILIES", "SUPPORTED_FAMILIES", "family_for"]
 
 _FAMILY_LIST: tuple[Family, ...] = (Llama(), Qwen3(), Mamba2Family(), NemotronH(), Qwen2(),
                                     Gemma2(), Gemma3(), Qwen3_5(), Qwen3Next(), DeepseekV2(),
-                                    DeepseekV3(), Qwen3Moe(), Mixtral(), GptOss())  # fmt: skip
+                                    DeepseekV3(), Qwen3Moe(), Mixtral(), GptOss(), Qwen3_5Moe())  # fmt: skip
 FAMILIES: dict[str, Family] = {t: f for f in _FAMILY_LIST for t in f.model_types}
 SUPPORTED_FAMILIES = tuple(FAMILIES)
 
