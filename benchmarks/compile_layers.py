@@ -54,9 +54,7 @@ def measure(raw, *, layers, target, scan, step, tokens, batch):
     params = abstract_params(m)
     if scan:
         params = m.stack_params(params)
-    fn, rest, caches = _step_args(m, step, tokens=tokens, batch=batch)
-    if scan:
-        caches = m.stack_caches(caches)
+    fn, rest, caches = _step_args(m, step, tokens=tokens, batch=batch)  # scanned if m scans
     arena = S(m.plan.arena_shape, U8)
     if target == "cpu":
         start = time.perf_counter()
