@@ -19,7 +19,9 @@ flash-attention prefill kernel, the step rule of jaxarena/models/README.md; defa
     qwen3-32b       2048    336,624,144     164,367      6,603,280
     qwen3-32b       8192  1,344,345,616     164,105
     nemotron-h-8b   2048    331,387,928     161,810      6,362,392
+    nemotron-h-8b   8192  1,392,552,992     169,989
     mamba2-2.7b     2048    190,218,264      92,880      5,755,160
+    mamba2-2.7b     8192    855,657,760     104,450
 
 Prefill. No T^2 term any more: the attention runs in the paged prefill kernel, whose output
 is in the arena, so the temp is linear in T (the bytes per token above barely move from 2048
@@ -35,11 +37,12 @@ a = 4.48, b = 9.84 (residuals -3.2% .. +5.3%); rounded to a = `PREFILL_BYTES_PER
     llama3.1-8b    +1.9%    +1.9%
     qwen3-32b      +1.2%    +1.4%
 
-Mamba-2 blocks hold more per token: mamba2-2.7b (no attention, no MLP) 8.78 B per unit of its
-in_proj width (10,576), nemotron-h-8b (Mamba, attention and MLP blocks) 8.72 B per unit of
-its (18,560), above its dense term (137,216 B per token): its peak is in a Mamba block, where
-the f32 in_proj output and the scan's inputs live. `MAMBA_BYTES_PER_WIDTH` = 8.9 covers both
-(+1.4%, +2.1%). So the estimate is the larger of the two kinds:
+Mamba-2 blocks hold more per token, and a little more at 8192 tokens than at 2048 (the SSD
+scan's per-chunk values): per unit of the in_proj width, mamba2-2.7b (no attention, no MLP;
+10,576) 8.78 and 9.88 B, nemotron-h-8b (Mamba, attention and MLP blocks; 18,560) 8.72 and
+9.16 B, above its dense term (137,216 B per token): its peak is in a Mamba block, where the
+f32 in_proj output and the scan's inputs live. `MAMBA_BYTES_PER_WIDTH` = 10.0 covers all four
+(+13.9% and +1.3%, +14.7% and +9.2%). So the estimate is the larger of the two kinds:
 
     prefill temp ~= T x max(PREFILL_BYTES_PER_INTERMEDIATE x max(intermediate, MoE width)
                               + PREFILL_BYTES_PER_HIDDEN x hidden,
@@ -80,10 +83,10 @@ GIB = 1 << 30
 RUNTIME_RESERVE = GIB
 # Prefill temp per token: per unit of the MLP width and of the hidden size (the dense fit,
 # 4.48 and 9.84, rounded to cover every dense compile), per unit of a Mamba in_proj width
-# (8.78 measured, rounded up). See the module docstring.
+# (9.88 the most measured, rounded up). See the module docstring.
 PREFILL_BYTES_PER_INTERMEDIATE = 4.0
 PREFILL_BYTES_PER_HIDDEN = 12.5
-MAMBA_BYTES_PER_WIDTH = 8.9
+MAMBA_BYTES_PER_WIDTH = 10.0
 # Fixed decode temp beside the logits bound (small buffers: the argmax, indices).
 DECODE_FIXED = 256 << 10
 ESTIMATE_MARGIN = 1.10

@@ -27,7 +27,9 @@ MEASURED = [
     ("qwen3-32b", 2048, 336_624_144, 6_603_280),
     ("qwen3-32b", 8192, 1_344_345_616, 6_603_280),
     ("nemotron-h-8b", 2048, 331_387_928, 6_362_392),
+    ("nemotron-h-8b", 8192, 1_392_552_992, 6_362_392),
     ("mamba2-2.7b", 2048, 190_218_264, 5_755_160),
+    ("mamba2-2.7b", 8192, 855_657_760, 5_755_160),
 ]
 
 
@@ -43,9 +45,10 @@ def test_estimate_covers_the_measured_compiles(name, tokens, prefill, decode):
     measured = max(prefill, decode)
     # At or above what the compile needs, and not far above: within the margin plus 15%.
     assert measured <= est <= measured * T.ESTIMATE_MARGIN * 1.15
-    # The prefill formula alone, before the margin: rounded up from the fit, at most 11% high
-    # (the worst row, qwen3-8b at 2048 tokens, is +10.7%).
-    assert prefill <= T.prefill_temp_estimate(cfg, tokens) <= prefill * 1.11
+    # The prefill formula alone, before the margin: rounded up from the fit, at most 15% high
+    # (the worst rows: nemotron-h-8b at 2048 tokens +14.7%, mamba2-2.7b +13.9%, whose Mamba
+    # term is set by 8192 tokens; the dense ones at most +10.7%, qwen3-8b at 2048).
+    assert prefill <= T.prefill_temp_estimate(cfg, tokens) <= prefill * 1.15
     # Decode: a bound (the batch's bf16 logits), not a fit; the compiles sit 1.4x to 3x
     # below it (qwen3-32b: 19.7 MB bound, 6.6 MB measured), and it never decides the estimate
     # at these token counts.
