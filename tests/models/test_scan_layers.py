@@ -64,7 +64,7 @@ def test_scanned_steps_equal_unrolled(runs, name):
     tokens, logits = lm.generate(r["ref"]["prompts"], NEW_TOKENS, return_logits=True)
     np.testing.assert_array_equal(np.asarray(tokens), r["tokens"])
     np.testing.assert_array_equal(np.asarray(logits), np.asarray(r["logits"]))
-    # The decode caches afterwards: the same values, layer by layer.
+    # The scanned caches unstack to the per-block shapes.
     for key, c in lm.model.unstack_caches(lm.caches).items():
         for a, b in zip(jax.tree.leaves(c), jax.tree.leaves(base.caches[key]), strict=True):
             assert a.shape == b.shape
@@ -75,3 +75,13 @@ def test_scanned_steps_equal_unrolled(runs, name):
     assert lm.decode_counter.count == 1
     assert lm.arena.unsafe_buffer_pointer() == lm.arena_pointer
     assert mem["alias"] == base_mem["alias"]
+    # The temp the scan adds: inside the loop a repetition's weights are sliced out of the
+    # stacked parameters, a copy (XLA slices no loop operand in place), and on CPU widened to
+    # f32 for the dot: at most one period's weights at 2 + 4 bytes per element. Nothing of the
+    # arena's size (the carry copied instead of updated in place would be).
+    period = max(lm.model.layer_runs, key=lambda run: run[2])
+    group = lm.params["layers"][lm.model.layer_runs.index(period)]
+    period_elements = sum(x.size // period[2] for x in jax.tree.leaves(group))
+    extra = 6 * period_elements
+    assert extra < lm.arena_bytes
+    assert mem["temp"] <= base_mem["temp"] + extra
