@@ -7,43 +7,58 @@ The temp bytes are measured by compiling the steps (`jaxarena step-report`, `jax
 compile-only device, or no `--compiled`), `estimate_step_temp` estimates them with the formula
 below, fitted to measured compiles. No jax here: `jaxarena budget` imports none.
 
-Measured (deviceless H200 compiles, jax 0.10.2, the step code of this commit, default limits
-but `max_batch_tokens` T; `jaxarena step-report PRESET --target h200 --max-batch-tokens T`):
+Measured (deviceless H200 compiles, jax 0.10.2, the step code of this commit: the paged
+flash-attention prefill kernel, the step rule of jaxarena/models/README.md; default limits but
+`max_batch_tokens` T; `python tools/fit_step_temp.py`, which prints these rows and the fit):
 
-    preset          T     prefill temp      decode temp (batch 64)
-    qwen3-8b        8192  17,368,696,856    19,448,336
-    qwen3-8b        2048   1,108,371,480    19,448,336
-    nemotron-h-8b   8192  17,179,992,864    16,933,400
-    nemotron-h-8b   2048   1,073,806,616    16,933,400
-    mamba2-2.7b     8192     425,050,656     6,502,680
-    mamba2-2.7b     2048     106,299,416     6,502,680
-    qwen3-32b       8192  34,615,689,240    19,448,336
+    preset          T     prefill temp    B per token   decode temp (batch 64)
+    qwen3-8b        2048    185,619,472      90,634     10,528,272
+    qwen3-8b        8192    807,457,296      98,567
+    llama3.1-8b     2048    218,112,016     106,500     11,837,968
+    llama3.1-8b     8192    872,423,440     106,497
+    qwen3-32b       2048    336,624,144     164,367      6,603,280
+    qwen3-32b       8192  1,344,345,616     164,105
+    nemotron-h-8b   2048    331,387,928     161,810      6,362,392
+    nemotron-h-8b   8192  1,392,552,992     169,989
+    mamba2-2.7b     2048    190,218,264      92,880      5,755,160
+    mamba2-2.7b     8192    855,657,760     104,450
 
-Prefill. The attention blocks compute the dense causal scores of all T tokens, `f32[Hq, T, T]`,
-and their softmax: 2 x 4 Hq T^2 bytes, the whole T^2 part of the qwen3-8b figures (8192: 2 x
-8,589,934,592 = 17,179,869,184 of 17,368,696,856). The rest grows linearly with T: 188,827,672 B at
-8192 and 34,629,656 B at 2048, a slope of 25,097 B per token = 2.04 B per unit of the widest
-activation row (qwen3-8b: the intermediate size, 12,288; one bf16 `[T, intermediate]` buffer).
-Mamba-2 blocks hold more per token: mamba2-2.7b (no attention) needs 51,886 B per token at
-8192, 4.91 B per unit of its in_proj width (10,576: the f32 projection and the scan's inputs).
-On nemotron-h-8b (attention and Mamba) the measured temp is the scores alone (17,179,869,184
-of 17,179,992,864; 1,073,741,824 of 1,073,806,616 at 2048): the Mamba blocks run at other times
-and XLA gives their bytes to the scores. So the estimate is the larger of the two kinds:
+Prefill. No T^2 term any more: the attention runs in the paged prefill kernel, whose output
+is in the arena, so the temp is linear in T (the bytes per token above barely move from 2048
+to 8192 tokens). What lives at the peak is a layer's token-parallel values: the MLP's
+`[T, intermediate]` GEMM outputs (gate and up: two bf16 buffers, 4 B per unit) and a few
+`[T, hidden]` rows (the f32 residual stream, its pre-norm and the block output). A relative
+least-squares fit of the six dense compiles to `T x (a x intermediate + b x hidden)` gives
+a = 4.48, b = 9.84 (residuals -3.2% .. +5.3%); rounded to a = `PREFILL_BYTES_PER_INTERMEDIATE`
+= 4.0 and b = `PREFILL_BYTES_PER_HIDDEN` = 12.5 the formula is at or above every dense compile:
 
-    prefill temp ~= max(8 Hq T^2 [when the model has attention layers]
-                          + T x PREFILL_BYTES_PER_WIDTH x max(hidden, intermediate, MoE width),
-                        T x MAMBA_BYTES_PER_WIDTH x Mamba in_proj width)
+    preset        T=2048    T=8192      (estimate / measured - 1)
+    qwen3-8b      +10.7%    +1.8%
+    llama3.1-8b    +1.9%    +1.9%
+    qwen3-32b      +1.2%    +1.4%
 
-(nemotron-h-8b: 2% high at 8192, 9% at 2048; qwen3-32b, measured after the fit: 0.5% high).
-Families the models do not run yet (MoE, MLA, gated delta net) take the same terms, unmeasured.
+Mamba-2 blocks hold more per token, and a little more at 8192 tokens than at 2048 (the SSD
+scan's per-chunk values): per unit of the in_proj width, mamba2-2.7b (no attention, no MLP;
+10,576) 8.78 and 9.88 B, nemotron-h-8b (Mamba, attention and MLP blocks; 18,560) 8.72 and
+9.16 B, above its dense term (137,216 B per token): its peak is in a Mamba block, where the
+f32 in_proj output and the scan's inputs live. `MAMBA_BYTES_PER_WIDTH` = 10.0 covers all four
+(+13.9% and +1.3%, +14.7% and +9.2%). So the estimate is the larger of the two kinds:
 
-Decode. The temp is the bf16 logits of the batch, `B x vocab x 2` bytes (qwen3-8b: 64 x
-151,936 x 2 = 19,447,808 of 19,448,336), plus a few small buffers (`DECODE_FIXED` covers them).
+    prefill temp ~= T x max(PREFILL_BYTES_PER_INTERMEDIATE x max(intermediate, MoE width)
+                              + PREFILL_BYTES_PER_HIDDEN x hidden,
+                            MAMBA_BYTES_PER_WIDTH x Mamba in_proj width)
+
+Families measured only through these (MoE, MLA, gated delta net) take the same terms,
+unmeasured: their blocks run other kernels and may hold more.
+
+Decode. The temp is at most the bf16 logits of the batch, `B x vocab x 2` bytes, plus a few
+small buffers (`DECODE_FIXED`): the logits are now the step's output, and what the compiles
+show (5.8 to 11.8 MB at batch 64) sits below that bound (qwen3-8b: 19.4 MB), which is kept as
+the estimate. It matters little: prefill dominates at any `max_batch_tokens` above ~100.
 
 The estimate is the larger of the two (both steps run in the same reserve), rounded up by
-`ESTIMATE_MARGIN` against what the fit leaves out. When the step code changes (the dense scores
-give way to a flash-attention kernel, issue 23 item 1), re-measure with `jaxarena step-report`
-and refit: the T^2 term then vanishes.
+`ESTIMATE_MARGIN` against what the fit leaves out. When the step code changes, re-run
+`tools/fit_step_temp.py` (and `--presets mamba2-2.7b nemotron-h-8b`) and refit.
 """
 
 from __future__ import annotations
@@ -54,7 +69,8 @@ __all__ = [
     "DECODE_FIXED",
     "ESTIMATE_MARGIN",
     "MAMBA_BYTES_PER_WIDTH",
-    "PREFILL_BYTES_PER_WIDTH",
+    "PREFILL_BYTES_PER_HIDDEN",
+    "PREFILL_BYTES_PER_INTERMEDIATE",
     "RUNTIME_RESERVE",
     "decode_temp_estimate",
     "estimate_step_temp",
@@ -65,37 +81,30 @@ GIB = 1 << 30
 # The runtime's own share outside the plan and XLA's temp: the CUDA context, cuBLAS / cuDNN
 # workspaces, NCCL channel buffers. Not measurable without a GPU; kept from the old default.
 RUNTIME_RESERVE = GIB
-# Bytes per token of the linear part of prefill's temp, per unit of the widest activation row.
-PREFILL_BYTES_PER_WIDTH = 2.1  # 2.04 measured, rounded up
-MAMBA_BYTES_PER_WIDTH = 5.0  # 4.91 measured, rounded up
-# Fixed decode temp beside the logits (small buffers: the argmax, indices); measured at most
-# 156,184 B (nemotron-h-8b), 65,816 B (mamba2-2.7b), 528 B (qwen3-8b).
+# Prefill temp per token: per unit of the MLP width and of the hidden size (the dense fit,
+# 4.48 and 9.84, rounded to cover every dense compile), per unit of a Mamba in_proj width
+# (9.88 the most measured, rounded up). See the module docstring.
+PREFILL_BYTES_PER_INTERMEDIATE = 4.0
+PREFILL_BYTES_PER_HIDDEN = 12.5
+MAMBA_BYTES_PER_WIDTH = 10.0
+# Fixed decode temp beside the logits bound (small buffers: the argmax, indices).
 DECODE_FIXED = 256 << 10
 ESTIMATE_MARGIN = 1.10
 
 
-def _attention_heads(config: Any) -> int:
-    """Query heads of the attention layers (0 when the model has none)."""
-    kinds = set(getattr(config, "layer_types", ()) or ())
-    attention = {k for k in kinds if "attention" in k or k in ("attn", "mla")}
-    if kinds and not attention:
-        return 0
-    return int(config.num_attention_heads or 0)
-
-
-def _dense_width(config: Any) -> int:
-    return max(config.hidden_size, config.intermediate_size or 0,
+def _mlp_width(config: Any) -> int:
+    """The widest MLP row: `max(intermediate, moe_intermediate)` (0 without MLPs)."""
+    return max(config.intermediate_size or 0,
                int(getattr(config, "moe_intermediate_size", 0) or 0))  # fmt: skip
 
 
 def prefill_temp_estimate(config: Any, max_batch_tokens: int) -> int:
     """Estimated XLA temp bytes of the prefill step at `max_batch_tokens` tokens (per device:
     pass the sharded config); see the module docstring for the formula and its fit."""
-    t = max_batch_tokens
-    scores = 8 * _attention_heads(config) * t * t
-    attention = scores + t * PREFILL_BYTES_PER_WIDTH * _dense_width(config)
-    mamba = t * MAMBA_BYTES_PER_WIDTH * int(getattr(config, "mamba2_in_proj_size", 0) or 0)
-    return int(max(attention, mamba))
+    dense = (PREFILL_BYTES_PER_INTERMEDIATE * _mlp_width(config)
+             + PREFILL_BYTES_PER_HIDDEN * config.hidden_size)  # fmt: skip
+    mamba = MAMBA_BYTES_PER_WIDTH * int(getattr(config, "mamba2_in_proj_size", 0) or 0)
+    return int(max_batch_tokens * max(dense, mamba))
 
 
 def decode_temp_estimate(config: Any, max_batch_size: int) -> int:

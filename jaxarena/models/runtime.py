@@ -367,6 +367,7 @@ def load_pretrained(
     levers: Levers | None = None,
     packed: bool = False,
     interpret: bool | None = None,
+    scan_layers: bool = False,
 ) -> CausalLM:
     """Loads a local HuggingFace checkpoint directory onto the default device with its arena.
 
@@ -380,6 +381,9 @@ def load_pretrained(
       packed: share bytes between buffers never live together (`ArenaPlan.packed` from the
         recorded lifetimes of prefill and decode); else every buffer has its own bytes.
       interpret: Pallas interpret mode (None: on CPU).
+      scan_layers: run runs of identical layers under one `lax.scan` each (`ArenaLM`;
+        compile time near that of one period); the weights are stacked on the host, before
+        their one copy to the device.
 
     Returns:
       A `CausalLM` whose weights, arena and caches are on the device.
@@ -413,7 +417,9 @@ def load_pretrained(
     model = ArenaLM(config=cfg, arch=arch, plan=plan, max_batch_tokens=max_batch_tokens,
                     max_seq_len=max_seq_len, kv_block_size=kv_block_size,
                     max_batch_size=max_batch_size, target=target, levers=levers,
-                    interpret=interpret)  # fmt: skip
+                    interpret=interpret, scan_layers=scan_layers)  # fmt: skip
+    if scan_layers:
+        host = model.stack_params(host)
     params = jax.device_put(host)  # the one host -> device copy of the weights
     rows = max_batch_size + 1  # + the padding sequence of a fixed-shape prefill
     per_seq = -(-max(max_seq_len, max_batch_tokens) // kv_block_size)

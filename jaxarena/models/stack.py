@@ -29,12 +29,15 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import jax
 import jax.numpy as jnp
+from jax import lax
 
 from jaxarena import ArenaPlan, Levers, ModelConfig, Target
 from jaxarena.models.blocks.base import Block, Env, StepContext
 from jaxarena.models.core.arena import BF16, F32, put, stored
 from jaxarena.models.core.norms import rms_norm
+from jaxarena.models.scan_layers import layer_runs, stack_caches, stack_params, unstack_caches
 
 __all__ = ["Arch", "ArenaLM"]
 
@@ -110,6 +113,10 @@ class ArenaLM:
         was sized for.
       target, levers: what sized the split-K workspace; the decode kernel uses the same policy.
       interpret: Pallas interpret mode (None: on CPU).
+      scan_layers: run each run of identical layers (`layer_runs`) as one `lax.scan`, so the
+        compile time stays near that of one period; the steps then take the parameters and
+        caches in the scanned layout (`stack_params`, `init_caches`;
+        `jaxarena/models/scan_layers.py`). False: every block unrolled, one entry each.
     """
 
     config: ModelConfig
@@ -122,6 +129,7 @@ class ArenaLM:
     target: Target
     levers: Levers
     interpret: bool | None = None
+    scan_layers: bool = False
 
     @property
     def env(self) -> Env:
@@ -133,16 +141,44 @@ class ArenaLM:
         """Zeroed decode caches, one entry per block (`Block.init_cache`) under its
         `Arch.cache_keys` key: an attention block a paged bf16 KV cache (`k`, `v`:
         `[num_blocks, kv_block_size, Hkv, D]`), a Mamba block its f32 SSM state
-        (`[rows, H, P, N]`) and conv window (`[rows, 3, d_xbc]`), an MLP None."""
-        return self.arch.init_caches(self.config, num_blocks=num_blocks,
-                                     kv_block_size=self.kv_block_size, rows=rows)  # fmt: skip
+        (`[rows, H, P, N]`) and conv window (`[rows, 3, d_xbc]`), an MLP None. With
+        `scan_layers`, in the scanned layout (each run's caches made at their stacked shape,
+        not stacked from per-block copies)."""
+        if not self.scan_layers:
+            return self.arch.init_caches(self.config, num_blocks=num_blocks,
+                                         kv_block_size=self.kv_block_size, rows=rows)  # fmt: skip
+        shapes = jax.eval_shape(
+            lambda: self.arch.init_caches(
+                self.config, num_blocks=num_blocks, kv_block_size=self.kv_block_size, rows=rows
+            )
+        )
+        shapes = self.stack_caches(shapes)
+        return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+    # -- the scanned layout (jaxarena/models/scan_layers.py) --------------------------------------
+
+    @property
+    def layer_runs(self) -> tuple[tuple[int, int, int], ...]:
+        """The runs `(start, period, repeats)` of identical blocks (`scan_layers.layer_runs`)."""
+        return layer_runs(self.arch.blocks)
+
+    def stack_params(self, params):
+        """Per-block parameters in the scanned layout, stacked on the host (numpy)."""
+        return stack_params(self.layer_runs, params)
+
+    def stack_caches(self, caches):
+        """Per-block caches (`Arch.init_caches`) in the scanned layout."""
+        return stack_caches(self.layer_runs, self.arch.blocks, self.arch.cache_keys, caches)
+
+    def unstack_caches(self, caches):
+        """Scanned caches back to one entry per block."""
+        return unstack_caches(self.layer_runs, self.arch.blocks, self.arch.cache_keys, caches)
 
     # -- the shared loop -------------------------------------------------------------------------
 
     def _blocks(self, mode: str, params, arena, caches, tokens, ctx: StepContext):
         """Embeds `tokens` into `hidden_states` and runs every block (`mode`: `"prefill"` or
         `"decode"`) with its pre-norm and residual add; returns `(arena, caches)`."""
-        env, plan, eps = self.env, self.plan, self.arch.rms_eps
         # The residual stream is an XLA value rounded as its region would store it (bf16):
         # no kernel reads it in place, and XLA fuses the norms and adds (README: "what goes
         # through the arena").
@@ -151,20 +187,67 @@ class ArenaLM:
             emb = emb.astype(F32) * self.arch.embed_scale
         h = stored(emb)
         out_caches = {}
+        if self.scan_layers:
+            keys = self.arch.cache_keys
+            for (start, period, repeats), group in zip(self.layer_runs, params["layers"],
+                                                       strict=True):  # fmt: skip
+                blocks = self.arch.blocks[start : start + period]
+                run_keys = keys[start : start + period]
+                cs = [caches[k] for k in run_keys]
+                if repeats == 1:
+                    for key, block, p, c in zip(run_keys, blocks, group, cs, strict=True):
+                        arena, out_caches[key], h = self._block(mode, block, p, arena, c, h, ctx)
+                    continue
+                arena, h, cs = self._scan_run(mode, blocks, group, repeats, arena, cs, h, ctx)
+                out_caches.update(zip(run_keys, cs, strict=True))
+            return arena, out_caches, h
         blocks = zip(self.arch.cache_keys, self.arch.blocks, params["layers"], strict=True)
         for key, block, p in blocks:
-            normed = stored(rms_norm(h, p["norm"], eps, self.arch.norm_offset))
-            if block.input_in_ctx:
-                block_ctx = ctx._replace(x=normed)
-            else:
-                arena, block_ctx = put(plan, arena, "norm_output", normed), ctx
-            step = block.prefill if mode == "prefill" else block.decode
-            arena, cache, out = step(env, p, arena, caches[key], block_ctx)
-            if "post_norm" in p:
-                out = rms_norm(out, p["post_norm"], eps)
-            h = stored(h + out)
-            out_caches[key] = cache
+            arena, out_caches[key], h = self._block(mode, block, p, arena, caches[key], h, ctx)
         return arena, out_caches, h
+
+    def _block(self, mode: str, block: Block, p, arena, cache, h, ctx: StepContext):
+        """One block with its pre-norm and residual add: `(arena, cache, h)`."""
+        env, eps = self.env, self.arch.rms_eps
+        normed = stored(rms_norm(h, p["norm"], eps, self.arch.norm_offset))
+        if block.input_in_ctx:
+            block_ctx = ctx._replace(x=normed)
+        else:
+            arena, block_ctx = put(self.plan, arena, "norm_output", normed), ctx
+        step = block.prefill if mode == "prefill" else block.decode
+        arena, cache, out = step(env, p, arena, cache, block_ctx)
+        if "post_norm" in p:
+            out = rms_norm(out, p["post_norm"], eps)
+        return arena, cache, stored(h + out)
+
+    def _scan_run(self, mode: str, blocks, group, repeats: int, arena, caches, h, ctx):
+        """A run of `repeats` repetitions of `blocks` as one `lax.scan` (scanned layout,
+        jaxarena/models/scan_layers.py): the arena, the residual stream and the run's caches
+        are the carry (updated in place), the stacked parameters the scanned input. Returns
+        `(arena, h, caches)`."""
+
+        def body(carry, xs):
+            arena, h, cs = carry
+            k, ps = xs
+            new = []
+            for block, p, c in zip(blocks, ps, cs, strict=True):
+                block_ctx, layer_c = ctx, c
+                if c is not None and block.paged_kv:
+                    pages = jax.tree.leaves(c)[0].shape[0] // repeats
+                    block_ctx = ctx._replace(block_tables=ctx.block_tables + k * pages)
+                elif c is not None:
+                    layer_c = jax.tree.map(lambda a: lax.dynamic_index_in_dim(a, k, 0, False), c)
+                arena, layer_c, h = self._block(mode, block, p, arena, layer_c, h, block_ctx)
+                if c is not None and not block.paged_kv:
+                    layer_c = jax.tree.map(
+                        lambda a, u: lax.dynamic_update_index_in_dim(a, u.astype(a.dtype), k, 0),
+                        c, layer_c)  # fmt: skip
+                new.append(layer_c)
+            return (arena, h, new), None
+
+        xs = (jnp.arange(repeats, dtype=jnp.int32), list(group))
+        (arena, h, caches), _ = lax.scan(body, (arena, h, list(caches)), xs)
+        return arena, h, caches
 
     def _lm_head(self, arena, params, h, rows):
         """Final norm and LM head of the hidden rows `rows` (indices) of `h`: the logits as

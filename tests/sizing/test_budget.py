@@ -472,7 +472,7 @@ def test_fit_is_the_largest_that_fits(name, memory, sequences, kw):
 
 def test_fit_is_unbounded_above():
     # Issue 17 item 7: the old search stopped at 2**25 - 1; a petabyte holds far more.
-    # A fixed reserve: the estimated prefill temp grows as T^2 with the dense attention scores.
+    # A fixed reserve: the estimated prefill temp grows with max_batch_tokens.
     b = budget("tiny-hybrid", "1000TiB", max_seq_len=4096, reserve=1 << 30)
     m = B.fit_max_batch_tokens(b, 1)
     assert m > 1 << 25

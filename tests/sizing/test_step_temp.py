@@ -15,17 +15,21 @@ from jaxarena.cli import main
 
 GIB = 1 << 30
 
-# Measured by `jaxarena step-report PRESET --target h200 --max-batch-tokens T --json` (deviceless
-# H200, jax 0.10.2, default limits otherwise): (preset, T, prefill temp, decode temp). These are
-# the compiles the estimate was fitted to (see jaxarena/_sizing/step_temp.py).
+# Measured by `python tools/fit_step_temp.py` (`jaxarena.step_report`, deviceless H200, jax
+# 0.10.2, default limits but max_batch_tokens T, decode at batch 64): (preset, T, prefill temp,
+# decode temp). These are the compiles the estimate was fitted to (see
+# jaxarena/_sizing/step_temp.py); the decode step was compiled once per preset.
 MEASURED = [
-    ("qwen3-8b", 8192, 17_368_696_856, 19_448_336),
-    ("qwen3-8b", 2048, 1_108_371_480, 19_448_336),
-    ("nemotron-h-8b", 8192, 17_179_992_864, 16_933_400),
-    ("nemotron-h-8b", 2048, 1_073_806_616, 16_933_400),
-    ("mamba2-2.7b", 8192, 425_050_656, 6_502_680),
-    ("mamba2-2.7b", 2048, 106_299_416, 6_502_680),
-    ("qwen3-32b", 8192, 34_615_689_240, 19_448_336),
+    ("qwen3-8b", 2048, 185_619_472, 10_528_272),
+    ("qwen3-8b", 8192, 807_457_296, 10_528_272),
+    ("llama3.1-8b", 2048, 218_112_016, 11_837_968),
+    ("llama3.1-8b", 8192, 872_423_440, 11_837_968),
+    ("qwen3-32b", 2048, 336_624_144, 6_603_280),
+    ("qwen3-32b", 8192, 1_344_345_616, 6_603_280),
+    ("nemotron-h-8b", 2048, 331_387_928, 6_362_392),
+    ("nemotron-h-8b", 8192, 1_392_552_992, 6_362_392),
+    ("mamba2-2.7b", 2048, 190_218_264, 5_755_160),
+    ("mamba2-2.7b", 8192, 855_657_760, 5_755_160),
 ]
 
 
@@ -41,8 +45,15 @@ def test_estimate_covers_the_measured_compiles(name, tokens, prefill, decode):
     measured = max(prefill, decode)
     # At or above what the compile needs, and not far above: within the margin plus 15%.
     assert measured <= est <= measured * T.ESTIMATE_MARGIN * 1.15
-    assert T.prefill_temp_estimate(cfg, tokens) <= prefill * 1.15
-    assert decode <= T.decode_temp_estimate(cfg, 64) <= decode * 1.15
+    # The prefill formula alone, before the margin: rounded up from the fit, at most 15% high
+    # (the worst rows: nemotron-h-8b at 2048 tokens +14.7%, mamba2-2.7b +13.9%, whose Mamba
+    # term is set by 8192 tokens; the dense ones at most +10.7%, qwen3-8b at 2048).
+    assert prefill <= T.prefill_temp_estimate(cfg, tokens) <= prefill * 1.15
+    # Decode: a bound (the batch's bf16 logits), not a fit; the compiles sit 1.4x to 3x
+    # below it (qwen3-32b: 19.7 MB bound, 6.6 MB measured), and it never decides the estimate
+    # at these token counts.
+    assert decode <= T.decode_temp_estimate(cfg, 64) <= decode * 3.1
+    assert T.decode_temp_estimate(cfg, 64) < T.prefill_temp_estimate(cfg, tokens)
 
 
 def test_reserve_is_runtime_plus_step_temp_and_says_where_it_comes_from():

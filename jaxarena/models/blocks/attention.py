@@ -61,6 +61,7 @@ class Attention(Block):
 
     kind: ClassVar[str] = "attention"
     input_in_ctx: ClassVar[bool] = True
+    paged_kv: ClassVar[bool] = True
     rope: bool = True
     rope_theta: float = 10000.0
     qk_norm: bool = False

@@ -93,6 +93,9 @@ class Block:
     # True: the block reads its input from `ctx.x` (an XLA value), so the decoder does not
     # store it in `norm_output`; False: from the arena's `norm_output`.
     input_in_ctx: ClassVar[bool] = False
+    # True: the cache is paged, every leaf `[num_blocks, ...]` indexed only through
+    # `ctx.block_tables` (a scanned run joins its layers' pages: `models/scan_layers.py`).
+    paged_kv: ClassVar[bool] = False
 
     def init_params(self, config: ModelConfig, keys: Iterator[jax.Array]) -> dict[str, Any]:
         """Random float32 weights of this mixer (without the pre-norm)."""

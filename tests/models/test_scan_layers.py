@@ -1,0 +1,87 @@
+"""`ArenaLM(scan_layers=True)` (issue 23 item 5): runs of identical layers under one
+`lax.scan`. The runs found (`layer_runs`), and scanned steps against the unrolled ones on the
+fixture checkpoints: bit-identical prefill logits, greedy tokens and decode logits, the arena
+and caches still aliased, decode traced once. Compile time against the layer count is a
+report, not a test: benchmarks/compile_layers.py."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+from lm_runs import CHECKPOINTS, LIMITS, NEW_TOKENS
+
+from jaxarena.models import load_pretrained
+from jaxarena.models.scan_layers import layer_runs
+
+
+def _check_cover(blocks, runs):
+    """The runs cover `blocks` in order, and every repetition equals the run's first period."""
+    i = 0
+    for start, period, repeats in runs:
+        assert start == i and period >= 1 and repeats >= 1
+        first = blocks[start : start + period]
+        for k in range(repeats):
+            assert blocks[start + k * period : start + (k + 1) * period] == first
+        i += period * repeats
+    assert i == len(blocks)
+
+
+@pytest.mark.parametrize(
+    "blocks, expected",
+    [
+        (("a", "m") * 3, ((0, 2, 3),)),  # Qwen3 / Llama: [attention, mlp] x N
+        (("M", "a", "m", "M"), ((0, 1, 1), (1, 1, 1), (2, 1, 1), (3, 1, 1))),  # no repeat
+        (("a",) * 4 + ("b",), ((0, 1, 4), (4, 1, 1))),
+        # Gemma 3's period (5 sliding + 1 global attention, each with its MLP) twice: the
+        # 12-block period covers 24 blocks, the 2-block one only the first 10.
+        (((("s", "m") * 5 + ("g", "m")) * 2), ((0, 12, 2),)),
+        (("x", "a", "m", "a", "m", "y"), ((0, 1, 1), (1, 2, 2), (5, 1, 1))),
+    ],
+)
+def test_layer_runs(blocks, expected):
+    runs = layer_runs(blocks)
+    _check_cover(blocks, runs)
+    assert runs == expected
+
+
+@pytest.mark.parametrize("name", ["qwen3", "mamba2"])
+def test_scanned_steps_equal_unrolled(runs, name):
+    """Bit-identical to the unrolled model. Each repetition runs the same block code on the
+    same values in the same order (the scan changes only where the layer's weights and cache
+    come from), every block output is rounded to bf16 as before, and XLA's CPU backend fuses
+    within a layer, not across the loop boundary into arithmetic that reassociates: so no
+    tolerance is needed, and any difference is a bug (a wrong layer's weights or pages)."""
+    r = runs.run(name)
+    base = runs.lm(name)
+    lm = load_pretrained(CHECKPOINTS / name, **LIMITS, scan_layers=True)
+    repeated = [run for run in lm.model.layer_runs if run[2] > 1]
+    assert repeated, "the fixture must have a repeated run to test the scan"
+    # The scanned layout: one cache entry per block of each run's first repetition.
+    assert len(lm.caches) < len(base.caches)
+    for p, want in zip(r["ref"]["prompts"], r["prefill"], strict=True):
+        np.testing.assert_array_equal(lm.prefill_logits(p), want)
+    tokens, logits = lm.generate(r["ref"]["prompts"], NEW_TOKENS, return_logits=True)
+    np.testing.assert_array_equal(np.asarray(tokens), r["tokens"])
+    np.testing.assert_array_equal(np.asarray(logits), np.asarray(r["logits"]))
+    # The scanned caches unstack to the per-block shapes.
+    for key, c in lm.model.unstack_caches(lm.caches).items():
+        for a, b in zip(jax.tree.leaves(c), jax.tree.leaves(base.caches[key]), strict=True):
+            assert a.shape == b.shape
+    # In place: the arena and every cache byte aliased; one decode trace for all steps.
+    mem, base_mem = lm.step_memory("decode"), base.step_memory("decode")
+    assert mem["alias"] >= lm.arena_bytes + lm.cache_bytes
+    assert lm.cache_bytes == base.cache_bytes
+    assert lm.decode_counter.count == 1
+    assert lm.arena.unsafe_buffer_pointer() == lm.arena_pointer
+    assert mem["alias"] == base_mem["alias"]
+    # The temp the scan adds: inside the loop a repetition's weights are sliced out of the
+    # stacked parameters, a copy (XLA slices no loop operand in place), and on CPU widened to
+    # f32 for the dot: at most one period's weights at 2 + 4 bytes per element. Nothing of the
+    # arena's size (the carry copied instead of updated in place would be).
+    period = max(lm.model.layer_runs, key=lambda run: run[2])
+    group = lm.params["layers"][lm.model.layer_runs.index(period)]
+    period_elements = sum(x.size // period[2] for x in jax.tree.leaves(group))
+    extra = 6 * period_elements
+    assert extra < lm.arena_bytes
+    assert mem["temp"] <= base_mem["temp"] + extra
