@@ -203,6 +203,17 @@ def test_real_configs(name, moe_layers, router, tmp_path):
     assert math.isclose(mla.sm_scale(cfg), scale, rel_tol=1e-12)
 
 
+def test_moe_layer_freq(tmp_path):
+    """Layer i is routed when i >= first_k_dense_replace and i % moe_layer_freq == 0 (the
+    sizing's rule, DeepSeek's code's; every released config has moe_layer_freq 1)."""
+    raw, _, fam = _real("deepseek-v2-lite.json")
+    raw = {**raw, "num_hidden_layers": 6, "first_k_dense_replace": 1, "moe_layer_freq": 2}
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    cfg = ModelConfig.from_hf(tmp_path / "config.json")
+    arch = fam.arch(raw["model_type"], raw, cfg, tmp_path, 4096)
+    assert [b.kind for b in arch.blocks[1::2]] == ["mlp", "mlp", "moe", "mlp", "moe", "mlp"]
+
+
 @pytest.mark.parametrize(
     ("name", "change", "match"),
     [
