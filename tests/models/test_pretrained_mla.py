@@ -229,6 +229,23 @@ def test_unsupported_routing_is_refused(name, change, match, tmp_path):
         fam.arch(raw["model_type"], {**raw, **change}, cfg, tmp_path, 4096)
 
 
+@pytest.mark.parametrize(
+    ("name", "change"),
+    [
+        ("deepseek-v3.json", dict(n_group=7)),  # 256 experts
+        ("deepseek-v3.json", dict(topk_group=9)),  # of 8 groups
+        ("kimi-k2-instruct.json", dict(n_group=384)),  # groups of 1: no top-2 per group
+        ("deepseek-v2-lite.json", dict(topk_method="group_limited_greedy", n_group=3)),  # 64
+    ],
+)
+def test_bad_groups_are_config_errors(name, change, tmp_path):
+    from jaxarena import ConfigError
+
+    raw, cfg, fam = _real(name)
+    with pytest.raises(ConfigError, match=f"n_group={change.get('n_group', raw['n_group'])}"):
+        fam.arch(raw["model_type"], {**raw, **change}, cfg, tmp_path, 4096)
+
+
 @pytest.mark.parametrize("name", FIXTURES)
 def test_moe_layer_of_the_fixtures(runs, name):
     """Layer 0 dense, layer 1 routed with the fixture's router; bf16 `[E, K, N]` experts and

@@ -31,7 +31,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from jaxarena import ModelConfig
+from jaxarena import ConfigError, ModelConfig
 from jaxarena.models.blocks.mla import MLA
 from jaxarena.models.blocks.mlp import MLP
 from jaxarena.models.blocks.moe import MoE
@@ -44,6 +44,21 @@ from jaxarena.models.stack import Arch
 __all__ = ["DeepseekV2", "DeepseekV3", "mla_rope_options"]
 
 _LAYER = re.compile(r"model\.layers\.(\d+)\.")
+
+
+def _groups(raw: dict[str, Any], config: ModelConfig, path: Path, min_size: int) -> dict[str, int]:
+    """`n_group` / `topk_group` of a group-limited router (absent: 1).
+
+    Raises:
+      ConfigError: `n_group` does not divide `n_routed_experts` into groups of at least
+        `min_size` experts, or `topk_group` is not in [1, n_group].
+    """
+    g, kg, e = int(raw.get("n_group") or 1), int(raw.get("topk_group") or 1), config.num_experts
+    if g < 1 or e % g or e // g < min_size or not 1 <= kg <= g:
+        raise ConfigError(f"{path}: n_group={g}, topk_group={kg}: n_group must divide "
+                          f"n_routed_experts={e} into groups of at least {min_size} experts and "
+                          "1 <= topk_group <= n_group")  # fmt: skip
+    return {"n_group": g, "topk_group": kg}
 
 
 def mla_rope_options(raw: dict[str, Any], path: Path) -> tuple[float, Yarn | None]:
@@ -76,7 +91,7 @@ class DeepseekV2(Family):
         """V2 rotates adjacent pairs (its complex-number RoPE) always."""
         return True
 
-    def moe_block(self, raw: dict[str, Any], path: Path) -> MoE:
+    def moe_block(self, raw: dict[str, Any], config: ModelConfig, path: Path) -> MoE:
         """The routed layers' block: softmax scores, greedy or group-limited greedy top-k."""
         method = raw.get("topk_method") or "greedy"
         if method not in DEEPSEEK_V2_TOPK_METHODS:
@@ -89,8 +104,10 @@ class DeepseekV2(Family):
             raise unsupported(path, "norm_topk_prob=true with deepseek_v2: transformers ignores "
                               "it and DeepSeek's code renormalises without routed_scaling_factor;"
                               " no released V2 config sets it")  # fmt: skip
-        return MoE(router="softmax_group", topk_method=method, norm_topk_prob=False,
-                   n_group=int(raw.get("n_group") or 1), topk_group=int(raw.get("topk_group") or 1),
+        groups = {"n_group": 1, "topk_group": 1}  # greedy reads neither
+        if method == "group_limited_greedy":
+            groups = _groups(raw, config, path, min_size=1)
+        return MoE(router="softmax_group", topk_method=method, norm_topk_prob=False, **groups,
                    routed_scaling_factor=float(raw.get("routed_scaling_factor") or 1.0),
                    shared="shared_experts")  # fmt: skip
 
@@ -111,7 +128,7 @@ class DeepseekV2(Family):
             if config.shared_expert_intermediate_size < 1:
                 raise unsupported(path, "n_shared_experts=0: DeepSeek MoE layers without a "
                                   "shared expert are not implemented")  # fmt: skip
-            ffn[True] = self.moe_block(raw, path)
+            ffn[True] = self.moe_block(raw, config, path)
         theta, yarn = mla_rope_options(raw, path)
         eps = float(raw.get("rms_norm_eps", 1e-6))
         mla = MLA(rope_theta=theta, rope_interleave=self.rope_interleave(raw), yarn=yarn,
@@ -150,7 +167,7 @@ class DeepseekV3(DeepseekV2):
         """`rope_interleave` of the config (transformers' default: true)."""
         return bool(raw.get("rope_interleave", True))
 
-    def moe_block(self, raw: dict[str, Any], path: Path) -> MoE:
+    def moe_block(self, raw: dict[str, Any], config: ModelConfig, path: Path) -> MoE:
         """The routed layers' block: sigmoid scores, correction bias, group-limited top-k."""
         method = raw.get("topk_method") or "noaux_tc"
         if method != "noaux_tc" or (raw.get("scoring_func") or "sigmoid") != "sigmoid":
@@ -158,6 +175,6 @@ class DeepseekV3(DeepseekV2):
                               f"{raw.get('scoring_func')!r}; transformers' DeepseekV3TopkRouter "
                               "implements noaux_tc with sigmoid scores")  # fmt: skip
         return MoE(router="sigmoid_group", norm_topk_prob=bool(raw.get("norm_topk_prob", True)),
-                   n_group=int(raw.get("n_group") or 1), topk_group=int(raw.get("topk_group") or 1),
+                   **_groups(raw, config, path, min_size=2),  # a group scores its top 2
                    routed_scaling_factor=float(raw.get("routed_scaling_factor") or 1.0),
                    shared="shared_experts")  # fmt: skip
