@@ -5,18 +5,26 @@ script uses: seeds, parameter perturbation, reference outputs, reproducible npz)
 
     python tools/make_mla_fixtures.py      # from the repository root
 
-Fixtures (``tests/fixtures/checkpoints/<name>/``):
+Fixtures (``tests/fixtures/checkpoints/<name>/``), two layers each, layer 0 a dense SwiGLU MLP
+(``first_k_dense_replace: 1``) and layer 1 a routed MoE (8 experts of width 32, top-2, a
+shared expert):
 
 * ``deepseek_v2``: DeepSeek-V2-Lite-style MLA: a plain ``q_proj`` (``q_lora_rank: null``),
-  default RoPE on the interleaved pairs (V2's complex rotation).
+  default RoPE on the interleaved pairs (V2's complex rotation); softmax routing with
+  ``topk_method: group_limited_greedy`` over 4 groups keeping 2, ``routed_scaling_factor``
+  1.5, two shared experts (width 64).
 * ``deepseek_v3``: DeepSeek-V3-style MLA: q LoRA, YaRN (``factor`` 4 over an original context
   of 16 tokens, so the 16 + 8 token runs reach past it, ``mscale = mscale_all_dim = 1`` as
-  DeepSeek-V3 ships), ``rope_interleave: true``.
+  DeepSeek-V3 ships), ``rope_interleave: true``; sigmoid routing with a random
+  ``e_score_correction_bias`` (0.05 N(0, 1)), 4 groups keeping 2, ``norm_topk_prob``,
+  ``routed_scaling_factor`` 2.5, one shared expert (width 32).
 
-Both have ``first_k_dense_replace = num_hidden_layers``: every layer's MLP is dense (the
-routed-expert block is not part of this change), while the MoE fields stay in the config as
-in the released files. ``config.json`` is rewritten in the released spelling: top-level
-``rope_theta`` and, for YaRN, ``rope_scaling`` (both spellings are kept).
+``reference.npz``'s router margins (``router_margin_<i>``, ``router_logit_absmax``) are
+``tools/make_moe_fixtures.py``'s (see its docstring). The prompts are quiet as there (no router
+margin below ``QUIET_MARGIN`` at a prompt position) and so are their greedy continuations: a
+prompt is redrawn until the positions that choose its 8 greedy tokens have no near-tie either
+(half the continuation positions had one, which left 3 of 32 greedy choices to compare). ``config.json`` is rewritten in the released spelling: top-level ``rope_theta``
+and, for YaRN, ``rope_scaling`` (both spellings are kept).
 """
 
 from __future__ import annotations
@@ -25,14 +33,17 @@ import argparse
 import json
 from pathlib import Path
 
+import make_moe_fixtures as moe_fx
 import numpy as np
 import torch
 from make_fixtures import (
     INIT_RANGE,
+    MAX_NEW_TOKENS,
     NO_SPECIAL,
+    PROMPT_LENGTHS,
+    SEED,
     _load_f32,
     _perturb,
-    _prompts,
     _reference,
     _save,
     _seed,
@@ -58,9 +69,8 @@ COMMON = dict(
     qk_nope_head_dim=16,
     qk_rope_head_dim=8,
     v_head_dim=16,
-    first_k_dense_replace=2,
-    n_routed_experts=4,
-    n_shared_experts=1,
+    first_k_dense_replace=1,
+    n_routed_experts=8,
     num_experts_per_tok=2,
     moe_intermediate_size=32,
     max_position_embeddings=64,
@@ -72,7 +82,9 @@ COMMON = dict(
 
 
 def _v2() -> DeepseekV2Config:
-    return DeepseekV2Config(**COMMON, q_lora_rank=None, rope_theta=10000.0)
+    return DeepseekV2Config(**COMMON, q_lora_rank=None, rope_theta=10000.0, n_shared_experts=2,
+                            topk_method="group_limited_greedy", n_group=4, topk_group=2,
+                            routed_scaling_factor=1.5)  # fmt: skip
 
 
 def _v3() -> DeepseekV3Config:
@@ -80,13 +92,55 @@ def _v3() -> DeepseekV3Config:
                 original_max_position_embeddings=16, beta_fast=32.0, beta_slow=1.0,
                 mscale=1.0, mscale_all_dim=1.0)  # fmt: skip
     return DeepseekV3Config(**COMMON, q_lora_rank=48, rope_parameters=yarn, rope_interleave=True,
-                            n_group=2, topk_group=1)  # fmt: skip
+                            n_shared_experts=1, n_group=4, topk_group=2, norm_topk_prob=True,
+                            routed_scaling_factor=2.5)  # fmt: skip
 
 
 FIXTURES = {
     "deepseek_v2": (DeepseekV2ForCausalLM, _v2),
     "deepseek_v3": (DeepseekV3ForCausalLM, _v3),
 }
+
+
+def _quiet_token(model, routers, rng, p: list[int]) -> int | None:
+    """The first of up to 1000 random draws that continues `p` without a router near-tie."""
+    for _ in range(1000):
+        tok = int(rng.integers(0, model.config.vocab_size))
+        if routers.margins(model, p + [tok])[0][:, -1].min() >= moe_fx.QUIET_MARGIN:
+            return tok
+    return None
+
+
+@torch.no_grad()
+def _quiet_runs(model, routers, offset: int, attempts: int = 3000) -> list[list[int]]:
+    """Quiet prompts whose greedy continuations are quiet too (module docstring): a quiet
+    prefix of `n - 1` tokens built token by token as `make_moe_fixtures._quiet_prompts` builds
+    them, then last tokens drawn until the prompt and its continuation are quiet (a new prefix
+    after 1000 draws)."""
+    rng = np.random.default_rng(SEED + 2000 + offset)
+    prompts = []
+    for n in PROMPT_LENGTHS:
+        prefix: list[int] | None = None
+        for attempt in range(attempts):
+            if prefix is None or attempt % 1000 == 0:
+                prefix = []
+                while len(prefix) < n - 1:
+                    tok = _quiet_token(model, routers, rng, prefix)
+                    prefix = prefix + [tok] if tok is not None else []
+            p = prefix + [int(rng.integers(0, model.config.vocab_size))]
+            x = torch.tensor([p], dtype=torch.long)
+            out = model.generate(input_ids=x, attention_mask=torch.ones_like(x),
+                                 max_new_tokens=MAX_NEW_TOKENS, min_new_tokens=MAX_NEW_TOKENS,
+                                 do_sample=False, use_cache=True)  # fmt: skip
+            # positions 0 .. n + 6: the prompt and the positions choosing the 8 new tokens
+            m = routers.margins(model, out[0].tolist())[0][:, : n + MAX_NEW_TOKENS - 1]
+            if m.min() >= moe_fx.QUIET_MARGIN:
+                print(f"  prompt of {n} tokens: quiet run after {attempt + 1} draws", flush=True)
+                prompts.append(p)
+                break
+        else:
+            raise RuntimeError(f"no quiet run of a {n}-token prompt in {attempts} draws")
+    return prompts
 
 
 def _released_rope(path: Path) -> None:
@@ -111,18 +165,27 @@ def build(out: Path, only: str | None = None) -> None:
         gen = _seed(OFFSET + i)
         model = cls(make_config())
         _perturb(model, gen)
+        with torch.no_grad():
+            for key, buf in model.named_buffers():
+                if key.endswith("e_score_correction_bias"):  # zeros at init: make it matter
+                    buf.copy_(0.05 * torch.randn(buf.shape, generator=gen))
         model = model.to(torch.bfloat16)
         model.config.dtype = "bfloat16"
         _save(model, out / name)
         _released_rope(out / name)
-        loaded = _load_f32(cls, out / name)
-        ref = _reference(loaded, _prompts(loaded.config.vocab_size, OFFSET + i))
+        model = _load_f32(cls, out / name).eval()
+        routers = moe_fx._Routers(model)
+        ref = _reference(model, _quiet_runs(model, routers, OFFSET + i))
+        ref |= moe_fx._router_margins(model, routers, ref)
         _write_npz(out / name / "reference.npz", ref)
+        margins = np.concatenate([ref[k].ravel() for k in ref if k.startswith("router_margin")])
         print(
             f"{name}: max|logit| "
             f"{max(np.abs(ref[f'prefill_logits_{j}']).max() for j in range(4)):.3f}, "
             f"median top-2 gap {np.median(ref['greedy_top2_gap']):.3f}, "
-            f"min gap {ref['greedy_top2_gap'].min():.4f}"
+            f"min gap {ref['greedy_top2_gap'].min():.4f}, router |logit| max "
+            f"{float(ref['router_logit_absmax']):.3f}, smallest router margins "
+            f"{np.sort(margins)[:4]}"
         )
 
 

@@ -178,6 +178,8 @@ class _Routers:
         for logits, router in zip(self.seen, self.routers, strict=True):
             if hasattr(router, "e_score_correction_bias"):
                 out.append(_sigmoid_margin(router, logits, self.k))
+            elif getattr(router, "topk_method", "") == "group_limited_greedy":
+                out.append(_group_max_margin(router, logits, self.k))
             else:
                 top = torch.sort(logits, dim=-1, descending=True).values
                 out.append((top[:, self.k - 1] - top[:, self.k]).numpy())
@@ -233,6 +235,21 @@ def _sigmoid_margin(router, logits: torch.Tensor, k: int) -> np.ndarray:
     cs = torch.sort(masked, dim=-1, descending=True).values
     choice_margin = cs[:, k - 1] - cs[:, k]
     return torch.minimum(4 * choice_margin, 2 * group_margin).numpy()
+
+
+def _group_max_margin(router, logits: torch.Tensor, k: int) -> np.ndarray:
+    """DeepSeek-V2's `group_limited_greedy` margins in logit units: softmax keeps the order of
+    the logits, so a group's score (its largest softmax score) ranks as its largest logit; the
+    smaller of the group choice's margin and the expert choice's within the kept groups."""
+    t, e = logits.shape
+    g, kg = router.num_group, router.topk_group
+    group = logits.view(t, g, e // g).max(dim=-1).values
+    gs = torch.sort(group, dim=-1, descending=True).values
+    group_margin = gs[:, kg - 1] - gs[:, kg] if kg < g else torch.full((t,), torch.inf)
+    keep = torch.zeros_like(group).scatter_(1, group.topk(kg, dim=-1)[1], 1.0)
+    masked = logits.masked_fill(~keep.repeat_interleave(e // g, 1).bool(), -torch.inf)
+    cs = torch.sort(masked, dim=-1, descending=True).values
+    return torch.minimum(cs[:, k - 1] - cs[:, k], group_margin).numpy()
 
 
 def _reference_of(cls, path: Path, offset: int) -> dict[str, np.ndarray]:

@@ -69,21 +69,22 @@ def bf16_atol(lm, ref) -> float:
     return 4 * U_BF16 * math.sqrt(stored_roundings(lm) / 3) * max_abs_logit(ref)
 
 
-def router_thresholds(lm, ref) -> np.ndarray:
-    """`2 delta` of each MoE layer, in block order (module docstring)."""
+def router_thresholds(lm, ref, count=block_roundings) -> np.ndarray:
+    """`2 delta` of each MoE layer, in block order (module docstring); `count(block)` gives a
+    block's stored roundings (another block set's count, e.g. with MLA blocks)."""
     out, before = [], 0
     for b in lm.model.arch.blocks:
         if b.kind == "moe":
             n_r = before + 1
             out.append(2 * 4 * U_BF16 * math.sqrt(n_r / 3) * float(ref["router_logit_absmax"]))
-        before += block_roundings(b)
+        before += count(b)
     return np.array(out)
 
 
-def decided(lm, ref, i: int) -> np.ndarray:
+def decided(lm, ref, i: int, count=block_roundings) -> np.ndarray:
     """Positions of prompt `i` + its greedy tokens before the sequence's first near-tie."""
     m = ref[f"router_margin_{i}"]
-    return np.cumprod((m >= router_thresholds(lm, ref)[:, None]).all(0)).astype(bool)
+    return np.cumprod((m >= router_thresholds(lm, ref, count)[:, None]).all(0)).astype(bool)
 
 
 # Mixtral exceeds the derived bound (measured 0.203 at a quiet prompt position, bound 0.137):

@@ -18,10 +18,12 @@ from jaxarena.models.blocks.moe_routing import (
     mixtral_route,
     qwen3_moe_route,
     sigmoid_group_route,
+    softmax_group_route,
     sort_by_expert,
 )
 
 FIXTURE = pathlib.Path(__file__).parents[1] / "fixtures/moe_routing/routers.npz"
+FIXTURE_V2 = FIXTURE.with_name("deepseek_v2_routers.npz")
 # The routers take transformers' f32 logits, so the only differences are f32 roundings of the
 # softmax / sigmoid / sums (a few ulps of values <= routed_scaling_factor): 1e-6 relative with
 # a 1e-6 absolute floor covers 8 f32 ulps of 2.5.
@@ -104,6 +106,38 @@ def test_group_limit_changes_the_choice(fx):
     assert (np.sort(np.asarray(ids), 1) != np.sort(ref_ids, 1)).any()
 
 
+@pytest.fixture(scope="module")
+def fx_v2():
+    with np.load(FIXTURE_V2) as z:
+        return {k: z[k] for k in z.files}
+
+
+def _route_v2(cfg, logits, **over):
+    kw = {k: cfg[k] for k in ("topk_method", "n_group", "topk_group", "routed_scaling_factor")}
+    return softmax_group_route(logits, top_k=cfg["num_experts_per_tok"], **{**kw, **over})
+
+
+@pytest.mark.parametrize("name", ["deepseek_v2_greedy", "deepseek_v2_group"])
+def test_deepseek_v2_routing(fx_v2, name):
+    """Softmax, greedy / group-limited top-k, times routed_scaling_factor, no renormalising
+    (a renormalised row would sum to routed_scaling_factor; some rows here sum to < 0.9 of
+    it)."""
+    np.testing.assert_allclose(fx_v2[f"{name}_logits"], fx_v2[f"{name}_x"] @ fx_v2[f"{name}_weight"].T,
+                               rtol=1e-5, atol=1e-5)  # fmt: skip
+    cfg, logits, ref_w, ref_ids = _case(fx_v2, name)
+    w, ids = _route_v2(cfg, logits)
+    _same_sets(w, ids, ref_w, ref_ids)
+    assert (np.asarray(w).sum(1) < 0.9 * cfg["routed_scaling_factor"]).any()
+
+
+def test_deepseek_v2_group_limit_changes_the_choice(fx_v2):
+    """Greedy routing of the group case's logits picks other experts for some token, so the
+    test above checks the group mask."""
+    cfg, logits, _, ref_ids = _case(fx_v2, "deepseek_v2_group")
+    _, ids = _route_v2(cfg, logits, topk_method="greedy")
+    assert (np.sort(np.asarray(ids), 1) != np.sort(ref_ids, 1)).any()
+
+
 def test_sort_and_combine_match_a_token_loop():
     rng = np.random.default_rng(0)
     t, k, e, d = 9, 3, 5, 4
@@ -144,6 +178,28 @@ def test_qwen3_sparse_layers():
             "n_group=3",
         ),  # fmt: skip
         (lambda: mixtral_route(jnp.zeros((4,)), 1), "must be 2-D"),
+        (
+            lambda: softmax_group_route(
+                jnp.zeros((2, 8)),
+                top_k=2,
+                topk_method="noaux_tc",
+                n_group=1,
+                topk_group=1,
+                routed_scaling_factor=1.0,
+            ),
+            "topk_method='noaux_tc'",
+        ),
+        (
+            lambda: softmax_group_route(
+                jnp.zeros((2, 8)),
+                top_k=2,
+                topk_method="group_limited_greedy",
+                n_group=4,
+                topk_group=5,
+                routed_scaling_factor=1.0,
+            ),
+            "topk_group=5",
+        ),
     ],
 )
 def test_bad_arguments(fn, match):

@@ -40,9 +40,11 @@ from jaxarena import ModelConfig, workspaces
 from jaxarena.models.blocks.base import Block, Env, StepContext
 from jaxarena.models.blocks.mlp import FFN_QUANT_REGIONS
 from jaxarena.models.blocks.moe_routing import (
+    DEEPSEEK_V2_TOPK_METHODS,
     combine,
     qwen3_moe_route,
     sigmoid_group_route,
+    softmax_group_route,
     sort_by_expert,
 )
 from jaxarena.models.core.arena import BF16, F32, get, is_fp8, linear, put
@@ -50,7 +52,7 @@ from pallas_kernels.grouped_gemm import grouped_gemm, grouped_gemm_fp8_into
 
 __all__ = ["MoE", "MOE_ROUTERS"]
 
-MOE_ROUTERS = ("softmax", "sigmoid_group")
+MOE_ROUTERS = ("softmax", "sigmoid_group", "softmax_group")
 _ACTS = ("swiglu", "relu2")
 
 
@@ -82,8 +84,11 @@ class MoE(Block):
       router: `"softmax"` (softmax over the experts, top-k, renormalised when
         `norm_topk_prob`: Qwen3-MoE, Mixtral with `norm_topk_prob=True`) or
         `"sigmoid_group"` (sigmoid scores, `e_score_correction_bias` for the choice,
-        `n_group` / `topk_group`, `routed_scaling_factor`: Nemotron-H, DeepSeek-V3).
-      norm_topk_prob, n_group, topk_group, routed_scaling_factor: the router's options.
+        `n_group` / `topk_group`, `routed_scaling_factor`: Nemotron-H, DeepSeek-V3) or
+        `"softmax_group"` (softmax, `topk_method` greedy or group_limited_greedy, times
+        `routed_scaling_factor`, no renormalisation: DeepSeek-V2).
+      norm_topk_prob, n_group, topk_group, routed_scaling_factor, topk_method: the router's
+        options (`topk_method` is read by `"softmax_group"` only).
       act: `"swiglu"` (gated experts) or `"relu2"` (non-gated: `down(relu(up x)^2)`).
       expert_names: the module names of gate, up and down under `experts.{j}` (Mixtral:
         `w1`, `w3`, `w2`; gate unused with `relu2`).
@@ -104,6 +109,7 @@ class MoE(Block):
     n_group: int = 1
     topk_group: int = 1
     routed_scaling_factor: float = 1.0
+    topk_method: str = "greedy"
     act: str = "swiglu"
     expert_names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
     shared: str = ""
@@ -115,6 +121,9 @@ class MoE(Block):
             raise ValueError(f"MoE.router={self.router!r} must be one of {MOE_ROUTERS}")
         if self.act not in _ACTS:
             raise ValueError(f"MoE.act={self.act!r} must be one of {_ACTS}")
+        if self.router == "softmax_group" and self.topk_method not in DEEPSEEK_V2_TOPK_METHODS:
+            raise ValueError(f"MoE.topk_method={self.topk_method!r} must be one of "
+                             f"{DEEPSEEK_V2_TOPK_METHODS}")  # fmt: skip
 
     # -- weights ---------------------------------------------------------------------------
 
@@ -179,6 +188,10 @@ class MoE(Block):
     def _route(self, p, logits: jax.Array, top_k: int):
         if self.router == "softmax":
             return qwen3_moe_route(logits, top_k, self.norm_topk_prob)
+        if self.router == "softmax_group":
+            return softmax_group_route(logits, top_k=top_k, topk_method=self.topk_method,
+                                       n_group=self.n_group, topk_group=self.topk_group,
+                                       routed_scaling_factor=self.routed_scaling_factor)  # fmt: skip
         return sigmoid_group_route(logits, p["bias"], top_k=top_k, n_group=self.n_group,
                                    topk_group=self.topk_group,
                                    norm_topk_prob=self.norm_topk_prob,

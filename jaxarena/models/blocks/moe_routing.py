@@ -7,7 +7,8 @@ Each router reproduces one transformers module (v5.24.0, `transformers/models/..
 - `mixtral_route`: `mixtral/modeling_mixtral.py::MixtralTopKRouter.forward`;
 - `gpt_oss_route`: `gpt_oss/modeling_gpt_oss.py::GptOssTopKRouter.forward`;
 - `sigmoid_group_route`: `deepseek_v3/modeling_deepseek_v3.py::DeepseekV3TopkRouter.forward`,
-  which `nemotron_h/modeling_nemotron_h.py::NemotronHTopkRouter.forward` repeats line for line.
+  which `nemotron_h/modeling_nemotron_h.py::NemotronHTopkRouter.forward` repeats line for line;
+- `softmax_group_route`: `deepseek_v2/modeling_deepseek_v2.py::DeepseekV2TopkRouter.forward`.
 
 Every router takes the router LOGITS (`x @ W.T`, plus the router bias for gpt-oss; transformers
 computes them in the activation dtype for Qwen3-MoE, Mixtral and gpt-oss and in f32 for the
@@ -33,8 +34,10 @@ __all__ = [
     "mixtral_route",
     "qwen3_moe_route",
     "sigmoid_group_route",
+    "softmax_group_route",
     "sort_by_expert",
 ]
+DEEPSEEK_V2_TOPK_METHODS = ("greedy", "group_limited_greedy")
 
 
 def _check_k(logits: jax.Array, top_k: int) -> int:
@@ -149,6 +152,53 @@ def sigmoid_group_route(
     weights = jnp.take_along_axis(scores, ids, axis=1)
     if norm_topk_prob:
         weights = weights / (jnp.sum(weights, axis=-1, keepdims=True) + 1e-20)
+    return weights * routed_scaling_factor, ids.astype(jnp.int32)
+
+
+def softmax_group_route(
+    logits: jax.Array,
+    *,
+    top_k: int,
+    topk_method: str,
+    n_group: int,
+    topk_group: int,
+    routed_scaling_factor: float,
+):
+    """DeepSeek-V2: f32 softmax over the experts, `greedy` or `group_limited_greedy` top-k,
+    weights times `routed_scaling_factor` and never renormalised
+    (`DeepseekV2TopkRouter.forward`, which reads no `norm_topk_prob`).
+
+    `group_limited_greedy`: each of the `n_group` groups of `E / n_group` experts scores the
+    MAX of its softmax scores, the `topk_group` best groups stay and the other experts' scores
+    become 0.0 (transformers' `masked_fill(..., 0.0)`), then the top-k of all the scores. When
+    the kept groups hold fewer than `top_k` experts, the extra picks are masked experts of
+    weight 0, which add nothing to the output (which of them is unspecified in transformers).
+
+    Args:
+      logits: `[T, E]` router logits (f32, as transformers computes them).
+      topk_method: `"greedy"` or `"group_limited_greedy"`.
+      n_group, topk_group: the groups (read only by `group_limited_greedy`).
+      routed_scaling_factor: the weights' factor.
+
+    Returns:
+      `(weights f32 [T, k], ids int32 [T, k])`.
+    """
+    e = _check_k(logits, top_k)
+    if topk_method not in DEEPSEEK_V2_TOPK_METHODS:
+        raise ValueError(f"topk_method={topk_method!r} must be one of {DEEPSEEK_V2_TOPK_METHODS}")
+    scores = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+    if topk_method == "group_limited_greedy":
+        if n_group < 1 or e % n_group or not 1 <= topk_group <= n_group:
+            raise ValueError(
+                f"n_group={n_group}, topk_group={topk_group}: n_group must divide the {e} "
+                "experts and 1 <= topk_group <= n_group"
+            )
+        t = logits.shape[0]
+        group_scores = jnp.max(scores.reshape(t, n_group, e // n_group), axis=-1)
+        _, keep = jax.lax.top_k(group_scores, topk_group)
+        group_mask = jnp.zeros((t, n_group), bool).at[jnp.arange(t)[:, None], keep].set(True)
+        scores = jnp.where(jnp.repeat(group_mask, e // n_group, axis=1), scores, 0.0)
+    weights, ids = jax.lax.top_k(scores, top_k)
     return weights * routed_scaling_factor, ids.astype(jnp.int32)
 
 
