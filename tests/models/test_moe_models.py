@@ -56,7 +56,9 @@ import warnings
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from lm_runs import reference
+from lm_runs import CHECKPOINTS, LIMITS, NEW_TOKENS, reference
+
+from jaxarena.models import load_pretrained
 
 U_BF16 = 2.0**-9
 QUIET_MARGIN = 0.3  # tools/make_moe_fixtures.py: no router margin below it in the prompts
@@ -153,6 +155,30 @@ def test_moe_greedy_tokens_match_transformers(runs, name):
     # held by the logit bound above and by the teacher-forcing test.
     strict = mask & (ref["greedy_top2_gap"] > 2 * atol)
     np.testing.assert_array_equal(r["tokens"][strict], want[strict])
+
+
+def test_moe_chunked_prefill_matches_one_pass(runs):
+    """MoE blocks keep no state across a prompt: with `max_batch_tokens=8` the four prompts
+    (33 tokens) are prefilled in chunks that attend to the earlier chunks through the KV
+    cache, then decoded. Each run is within `atol` of transformers at the decided steps
+    (before a sequence's first near-tie, the same earlier tokens), so within `2 atol` of each
+    other there."""
+    name = "mixtral"
+    r, ref_lm = runs.run(name), runs.lm(name)
+    ref = r["ref"]
+    lm = load_pretrained(CHECKPOINTS / name, **dict(LIMITS, max_batch_tokens=8))
+    tokens, logits = lm.generate(ref["prompts"], NEW_TOKENS, return_logits=True)
+    assert "prefill_chunk" in lm.compile_seconds and "prefill" not in lm.compile_seconds
+    tokens, logits = np.asarray(tokens), np.asarray(logits)
+    ok = np.stack([decided(ref_lm, ref, i)[n - 1 : n - 1 + NEW_TOKENS]
+                   for i, n in enumerate(ref["prompt_lengths"])])  # fmt: skip
+    same = np.cumprod(np.concatenate([np.ones((len(tokens), 1), bool),
+                                      tokens[:, :-1] == r["tokens"][:, :-1]], 1), 1).astype(bool)  # fmt: skip
+    mask = ok & same
+    assert mask[:, 0].all()  # every prompt's last position is free of near-ties
+    atol = bf16_atol(ref_lm, ref)
+    np.testing.assert_allclose(logits[mask], r["logits"][mask], atol=2 * atol, rtol=0)
+    assert lm.decode_counter.count == 1
 
 
 @pytest.mark.parametrize("name", BF16_MOE)

@@ -260,8 +260,8 @@ class MoE(Block):
         tokens; returns `(arena, float32[rows, N])`. FP8 weights quantize `x` into
         `moe_fp8_scratch`, which the FP8 grouped GEMM reads in place."""
         c, plan, it = env.config, env.plan, env.interpret
-        x = x.astype(BF16)  # exact: `x` is bf16-rounded
         if is_fp8(w):
+            x = x.astype(BF16)  # exact: `x` is bf16-rounded
             layout = workspaces.moe_fp8_scratch_layout(
                 rows=workspaces.fp8_rows(t), top_k=c.num_experts_per_tok,
                 num_experts=c.num_experts, hidden_size=c.hidden_size,
@@ -273,7 +273,8 @@ class MoE(Block):
             # The GEMM read the slab: tie its output to this arena before the next write.
             out, arena = jax.lax.optimization_barrier((out, arena))
             return arena, out
-        lhs = x if token is None else x[token]
+        # Gathered, then narrowed (exact): XLA fuses the two, no bf16 copy of `x`.
+        lhs = (x if token is None else x[token]).astype(BF16)
         return arena, grouped_gemm(lhs, w.astype(BF16), sizes, out_dtype=F32, interpret=it)
 
     def _shared(self, env: Env, p, arena, x: jax.Array, t: int):
@@ -306,12 +307,15 @@ class MoE(Block):
         d = c.moe_input_size
         # 1. router, in float32 (`x` widened exactly, as `moe_router_in_f32` held it; the
         # logits float32 as `gate_logits_f32` held them)
-        logits = self._router_logits(p, x)
+        # Kept as bf16 (exact) until the gather: a float32 copy alive across the routing
+        # cost a prefill `[T, hidden]` float32 buffer more than the plain step.
+        xb = x.astype(BF16)
+        logits = self._router_logits(p, xb.astype(F32))
         # 2. routing and the dropless layout
         weights, ids = self._route(p, logits, k)
         order, sizes, token = sort_by_expert(ids, e)
         expert = ids.reshape(-1)[order]
-        src = x
+        src = xb
         if self.latent:  # 3. (`ssm_ba`)
             arena, lat = linear(plan, arena, x, (t, h), p["w_lat_in"],
                                 workspaces.FP8_ACT_REGIONS, interpret=it)  # fmt: skip
