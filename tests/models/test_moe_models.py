@@ -45,7 +45,12 @@ derived `2 delta` here, so all prompt positions are compared; the greedy steps f
 first near-tie on are not.
 
 Measured at the time of writing (largest prefill logit difference / bound; greedy tokens
-equal to transformers'): MEASURED_PLACEHOLDER
+equal to transformers'): qwen3_moe 0.076 / 0.782, 56% (the rest after a near-tie in the
+continuation); nemotron_h_moe 0.081 / 0.605, 100%; mixtral 0.255 / 0.505, 100%; qwen3_moe_fp8
+0.77 / 2.69 (the FP8 bound), 84%. (Before the routing term: bounds 0.181, 0.193, 0.137 and
+2.36; mixtral measured 0.203 then, above its bound. The combine's float32 sum, now a gather
+and a sum where it was a scatter and an einsum, rounds slightly differently: hence the small
+changes of the measured values.)
 """
 
 from __future__ import annotations
@@ -56,7 +61,7 @@ import warnings
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from lm_runs import CHECKPOINTS, LIMITS, NEW_TOKENS, reference
+from lm_runs import CHECKPOINTS, LIMITS, reference
 
 from jaxarena.models import load_pretrained
 
@@ -160,25 +165,22 @@ def test_moe_greedy_tokens_match_transformers(runs, name):
 def test_moe_chunked_prefill_matches_one_pass(runs):
     """MoE blocks keep no state across a prompt: with `max_batch_tokens=8` the four prompts
     (33 tokens) are prefilled in chunks that attend to the earlier chunks through the KV
-    cache, then decoded. Each run is within `atol` of transformers at the decided steps
-    (before a sequence's first near-tie, the same earlier tokens), so within `2 atol` of each
-    other there."""
+    cache. Every prompt's last position is free of near-ties, so the chunked run is within
+    `atol` of transformers there and within `2 atol` of the one-pass run. (One new token: no
+    decode step is compiled; decoding after a chunked prefill is test_chunked_prefill.py's.)"""
     name = "mixtral"
     r, ref_lm = runs.run(name), runs.lm(name)
     ref = r["ref"]
     lm = load_pretrained(CHECKPOINTS / name, **dict(LIMITS, max_batch_tokens=8))
-    tokens, logits = lm.generate(ref["prompts"], NEW_TOKENS, return_logits=True)
+    tokens, logits = lm.generate(ref["prompts"], 1, return_logits=True)
     assert "prefill_chunk" in lm.compile_seconds and "prefill" not in lm.compile_seconds
-    tokens, logits = np.asarray(tokens), np.asarray(logits)
-    ok = np.stack([decided(ref_lm, ref, i)[n - 1 : n - 1 + NEW_TOKENS]
-                   for i, n in enumerate(ref["prompt_lengths"])])  # fmt: skip
-    same = np.cumprod(np.concatenate([np.ones((len(tokens), 1), bool),
-                                      tokens[:, :-1] == r["tokens"][:, :-1]], 1), 1).astype(bool)  # fmt: skip
-    mask = ok & same
-    assert mask[:, 0].all()  # every prompt's last position is free of near-ties
+    tokens, logits = np.asarray(tokens)[:, 0], np.asarray(logits)[:, 0]
+    assert all(decided(ref_lm, ref, i)[n - 1] for i, n in enumerate(ref["prompt_lengths"]))
     atol = bf16_atol(ref_lm, ref)
-    np.testing.assert_allclose(logits[mask], r["logits"][mask], atol=2 * atol, rtol=0)
-    assert lm.decode_counter.count == 1
+    np.testing.assert_allclose(logits, ref["greedy_logits"][:, 0], atol=atol, rtol=0)
+    np.testing.assert_allclose(logits, r["logits"][:, 0], atol=2 * atol, rtol=0)
+    strict = ref["greedy_top2_gap"][:, 0] > 2 * atol
+    np.testing.assert_array_equal(tokens[strict], ref["greedy_tokens"][strict, 0])
 
 
 @pytest.mark.parametrize("name", BF16_MOE)
