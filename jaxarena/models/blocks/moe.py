@@ -255,9 +255,9 @@ class MoE(Block):
 
     @staticmethod
     def _gemm(env: Env, arena, x: jax.Array, w, sizes, token, t: int):
-        """Grouped GEMM of the bf16-rounded float32 rows `x` (`[R, K]`; the sorted rows are
-        `x[token]` when `token` is given) with per-expert weights `w`, for a step of `t`
-        tokens; returns `(arena, float32[rows, N])`. FP8 weights quantize `x` into
+        """Grouped GEMM of the rows `x` (`[R, K]`, bf16 or bf16-rounded float32; the sorted
+        rows are `x[token]` when `token` is given) with per-expert weights `w`, for a step of
+        `t` tokens; returns `(arena, float32[rows, N])`. FP8 weights quantize `x` into
         `moe_fp8_scratch`, which the FP8 grouped GEMM reads in place."""
         c, plan, it = env.config, env.plan, env.interpret
         if is_fp8(w):
@@ -305,10 +305,10 @@ class MoE(Block):
         c, plan, it = env.config, env.plan, env.interpret
         h, e, k = c.hidden_size, c.num_experts, c.num_experts_per_tok
         d = c.moe_input_size
-        # 1. router, in float32 (`x` widened exactly, as `moe_router_in_f32` held it; the
-        # logits float32 as `gate_logits_f32` held them)
-        # Kept as bf16 (exact) until the gather: a float32 copy alive across the routing
-        # cost a prefill `[T, hidden]` float32 buffer more than the plain step.
+        # 1. router, in float32 (the input widened exactly, as `moe_router_in_f32` held it;
+        # the logits float32 as `gate_logits_f32` held them). The input is kept as bf16
+        # (exact) until the gather, as the plain step keeps it (measured: 2 launches fewer in
+        # the tiny step-rule test's prefill than with the float32 value).
         xb = x.astype(BF16)
         logits = self._router_logits(p, xb.astype(F32))
         # 2. routing and the dropless layout
