@@ -6,8 +6,8 @@ launches and temp of `ArenaLM.prefill` / `decode_step` vs these.
 Also builds an `ArenaLM` at real widths from a config dict without weights (abstract bf16
 parameters and caches, `jax.ShapeDtypeStruct`), for `compile_for_gpu`.
 
-Attention and MLP blocks only (the dense families); `plain_*` raise NotImplementedError for a
-Mamba block.
+Attention, MLP and MoE blocks (bf16 experts on the same Pallas grouped GEMM); `plain_*` raise
+NotImplementedError for a Mamba block.
 """
 
 from __future__ import annotations
@@ -23,14 +23,29 @@ import jax.numpy as jnp
 from jaxarena import ArenaPlan, BufferSizes, Levers, ModelConfig, Target
 from jaxarena.models.blocks.attention import Attention
 from jaxarena.models.blocks.mlp import MLP
+from jaxarena.models.blocks.moe import MoE
+from jaxarena.models.blocks.moe_routing import combine, sort_by_expert
 from jaxarena.models.core.norms import rms_norm
 from jaxarena.models.core.rope import rope
 from jaxarena.models.families.registry import family_for
 from jaxarena.models.stack import ArenaLM
 from pallas_kernels import paged_prefill_attention, splitk_decode_attention
+from pallas_kernels.grouped_gemm import grouped_gemm
 
 BF16, F32, I32 = jnp.bfloat16, jnp.float32, jnp.int32
 S = jax.ShapeDtypeStruct
+
+# Qwen3-30B-A3B's widths (the MoE figures; `num_hidden_layers` is cut by the callers).
+QWEN3_30B_A3B = {
+    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 2048,
+    "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+    "intermediate_size": 6144, "moe_intermediate_size": 768, "num_experts": 128,
+    "num_experts_per_tok": 8, "norm_topk_prob": True, "decoder_sparse_step": 1,
+    "mlp_only_layers": [], "num_hidden_layers": 48, "vocab_size": 151936,
+    "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": False,
+    "max_position_embeddings": 40960, "hidden_act": "silu", "torch_dtype": "bfloat16",
+    "attention_bias": False,
+}  # fmt: skip
 
 # Qwen3-0.6B's shapes (the issue's figures).
 QWEN3_0_6B = {
@@ -67,7 +82,7 @@ def abstract_params(model: ArenaLM, dtype=BF16) -> dict[str, Any]:
     c = model.config
 
     def init():
-        keys = iter(jax.random.split(jax.random.key(0), 8 * len(model.arch.blocks) + 4))
+        keys = iter(jax.random.split(jax.random.key(0), 12 * len(model.arch.blocks) + 4))
         layers = [{"norm": jnp.ones((c.hidden_size,)), **b.init_params(c, keys)}
                   for b in model.arch.blocks]  # fmt: skip
         p = {"embed": jnp.ones((c.vocab_size, c.hidden_size)), "layers": layers,
@@ -86,8 +101,9 @@ def abstract_caches(model: ArenaLM, *, num_blocks: int, rows: int) -> dict[str, 
 
 def _check_blocks(model: ArenaLM) -> None:
     for b in model.arch.blocks:
-        if not isinstance(b, Attention | MLP):
-            raise NotImplementedError(f"the plain step runs attention and MLP blocks, not {b.kind}")
+        if not isinstance(b, Attention | MLP | MoE):
+            raise NotImplementedError(f"the plain step runs attention, MLP and MoE blocks, not "
+                                      f"{b.kind}")  # fmt: skip
 
 
 def _attention(model, b: Attention, p, x, cache, ctx, mode):
@@ -129,6 +145,34 @@ def _mlp(b: MLP, p, x):
     return h @ p["w_down"]
 
 
+def _moe(model: ArenaLM, b: MoE, p, x):
+    """The MoE block plainly: float32 router, routing, the two bf16 grouped GEMMs (the same
+    Pallas kernel), combine; shared expert and latent projections as plain products."""
+    c = model.config
+    e, k = c.num_experts, c.num_experts_per_tok
+    weights, ids = b._route(p, b._router_logits(p, x.astype(F32)), k)
+    order, sizes, token = sort_by_expert(ids, e)
+    expert = ids.reshape(-1)[order]
+    src = (x @ p["w_lat_in"]).astype(BF16) if b.latent else x
+    w_in = p["w_gate_up"] if b.act == "swiglu" else p["w_up"]
+    gu = grouped_gemm(src[token], w_in, sizes, out_dtype=F32, interpret=model.interpret)
+    a = b._act(p, gu, expert).astype(BF16)
+    y = grouped_gemm(a, p["w_down"], sizes, out_dtype=F32, interpret=model.interpret)
+    out = combine(b._down_bias(p, y, expert), order, weights, F32)
+    if b.latent:
+        out = out.astype(BF16) @ p["w_lat_out"]
+    if b.shared:
+        if b.act == "swiglu":
+            h = jax.nn.silu(x @ p["s_gate"]) * (x @ p["s_up"])
+        else:
+            h = jnp.square(jax.nn.relu(x @ p["s_up"]))
+        y = h @ p["s_down"]
+        if b.shared_gate:
+            y = y * jax.nn.sigmoid(x @ p["s_scale"])
+        out = out + y.astype(F32)
+    return out
+
+
 def _blocks(model: ArenaLM, params, caches, tokens, ctx, mode):
     _check_blocks(model)
     eps = model.arch.rms_eps
@@ -138,6 +182,8 @@ def _blocks(model: ArenaLM, params, caches, tokens, ctx, mode):
         h = rms_norm(x, p["norm"], eps).astype(BF16)
         if isinstance(b, Attention):
             out[key], y = _attention(model, b, p, h, caches[key], ctx, mode)
+        elif isinstance(b, MoE):
+            out[key], y = caches[key], _moe(model, b, p, h)
         else:
             out[key], y = caches[key], _mlp(b, p, h)
         x = x + y.astype(F32)

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from plain_step import (  # noqa: E402
     QWEN3_0_6B,
+    QWEN3_30B_A3B,
     abstract_caches,
     abstract_params,
     build_model,
@@ -43,6 +44,7 @@ MODELS = {
     "llama": LLAMA_1B,
     "mamba2": json.loads((PRESETS / "mamba2-2.7b.json").read_text()),
     "nemotron_h": json.loads((PRESETS / "nemotron-h-8b.json").read_text()),
+    "qwen3_moe": QWEN3_30B_A3B,
 }
 
 
@@ -52,7 +54,7 @@ def _compile(fn, *args, target, donate):
 
 
 def _plain_runs(m) -> bool:
-    return set(m.arch.kinds) <= {"attention", "mlp"}  # the plain step has no Mamba block
+    return set(m.arch.kinds) <= {"attention", "mlp", "moe"}  # the plain step has no Mamba block
 
 
 def decode_costs(raw, *, batch, target, plain=True, max_seq_len=4096):

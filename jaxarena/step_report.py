@@ -172,10 +172,6 @@ class _ShapeReader(Reader):
         return tuple(parts)
 
 
-# Block kinds whose `read_params` needs real arrays (see `abstract_model`).
-_NO_SHAPE_READER = frozenset({"moe", "moe_gpt_oss"})
-
-
 def _abstract_params(source: ModelSource, arch: Any, raw: dict[str, Any], *,
                      headers: bool = True) -> dict[str, Any]:  # fmt: skip
     """The weights `load_pretrained` would place, as `ShapeDtypeStruct`s (the same tree as
@@ -244,14 +240,6 @@ def abstract_model(
         # The families name `<folder>/config.json`; a preset or a config file has its own name.
         raise NotImplementedError(str(e).replace(str(source.path / "config.json"),
                                                  cfg.source)) from None  # fmt: skip
-    # The MoE block reads its expert stacks with NumPy (stacking, transposing), which the
-    # shapes-only reader cannot feed yet.
-    shapeless = sorted({b.kind for b in arch.blocks} & _NO_SHAPE_READER)
-    if shapeless:
-        raise NotImplementedError(
-            f"{cfg.source or source.path}: step-report cannot build {shapeless} blocks from "
-            "shapes alone yet (their weights are read with NumPy); load_pretrained runs them"
-        )  # fmt: skip
     sizing = Target.preset(SIZING_TARGETS[target])
     levers = Levers()
     sizes = BufferSizes.from_config(cfg, max_batch_tokens, max_seq_len, kv_block_size,

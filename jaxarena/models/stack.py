@@ -41,8 +41,9 @@ from jaxarena.models.scan_layers import layer_runs, stack_caches, stack_params, 
 
 __all__ = ["Arch", "ArenaLM"]
 
-# Block kinds that keep no state across a prompt but the KV cache: these prefill in chunks.
-_CHUNKABLE = frozenset({"attention", "mlp"})
+# Block kinds that keep no state across a prompt but the KV cache (MoE: none; its routing is
+# per token): these prefill in chunks.
+_CHUNKABLE = frozenset({"attention", "mlp", "moe"})
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -278,7 +279,7 @@ class ArenaLM:
           cached_lens: chunked prefill: `int32[S]`, the tokens of each sequence already in
             the KV caches (earlier chunks); this chunk's tokens sit at positions
             `cached_lens[s]...` and attend to those plus themselves. None: all zeros (a
-            sequence may have 0 tokens in a chunk only when given). Attention and MLP
+            sequence may have 0 tokens in a chunk only when given). Attention, MLP and MoE
             blocks only: a model with Mamba blocks raises NotImplementedError.
           all_logits: static; return the logits of every token instead of each sequence's last.
 
@@ -298,7 +299,7 @@ class ArenaLM:
             carried = sorted({k for k in self.arch.kinds if k not in _CHUNKABLE})
             if carried:
                 raise NotImplementedError(
-                    f"chunked prefill (cached_lens) runs attention and MLP blocks only; this "
+                    f"chunked prefill (cached_lens) runs attention, MLP and MoE blocks only; this "
                     f"model has {carried} blocks, whose conv/SSM state would have to carry "
                     "across chunks"
                 )  # fmt: skip

@@ -2,10 +2,12 @@
 grouped GEMMs (bf16, and FP8 through `moe_fp8_scratch`) lower inside the whole step with no
 register spills.
 
-Measured at the time of writing (qwen3_moe fixture, batch 4, H200): the whole decode step
-247 launches, temp 7,184 B; one MoE layer on the arena 52 launches against 20 for the same
-kernels without the arena (router, sort, two grouped GEMMs, combine): the extra launches are
-the arena stores and re-reads of the router input, logits and expert intermediates. The
+Measured before the MoE block followed the step rule (qwen3_moe fixture, batch 4, H200): the
+whole decode step 247 launches, temp 7,184 B; one MoE layer on the arena 52 launches against
+20 for the same kernels without the arena (router, sort, two grouped GEMMs, combine), the
+extra ones the arena stores and re-reads of the router input, logits and expert
+intermediates. Under the step rule the arena step launches what the plain one does (within
+1.15x: tests/gpu/test_step_rule_gpu.py; figures at real widths in jaxarena/models/README.md).
 gpt_oss fixture (2 attention + 2 gpt-oss MoE layers, batch 4): 130 launches, temp 11,032 B,
 against 129 for the mixtral fixture of the same layout: its biases, clamps and sinks fuse.
 deepseek_v3 fixture (MLA layer + dense MLP, MLA layer + routed MoE with a shared expert), batch

@@ -66,3 +66,33 @@ def test_budget_compiled_reserves_the_compiled_temp(h200, capsys):
     assert main(argv) == 0  # without --compiled: estimated, and no compile
     out, err = capsys.readouterr()
     assert json.loads(out)["reserve_source"] == "estimated" and err == ""
+
+
+def test_budget_compiled_runs_a_moe_model(h200, capsys, monkeypatch):
+    """`budget --compiled` (through `step_report`) on a MoE checkpoint: the qwen3_moe fixture's
+    shapes from its safetensors headers, both steps compiled for an H200 without spills, the
+    arena and caches aliased, the reserve the larger step temp."""
+    from pathlib import Path
+
+    from jaxarena import step_report as sr
+
+    reports = []
+
+    def recording(*args, **kwargs):
+        reports.append(real(*args, **kwargs))
+        return reports[-1]
+
+    real = sr.step_report
+    monkeypatch.setattr(sr, "step_report", recording)
+    ckpt = Path(__file__).resolve().parents[1] / "fixtures" / "checkpoints" / "qwen3_moe"
+    argv = ["budget", str(ckpt), "--memory", "2GiB", "--target", "hopper", "--json", "--compiled",
+            *ARGV]  # fmt: skip
+    assert main(argv) == 0
+    got = json.loads(capsys.readouterr().out)
+    (r,) = reports
+    assert list(r["steps"]) == ["prefill", "decode"]
+    for kind, step in r["steps"].items():
+        assert step["spills"] == 0, kind
+        assert step["alias_bytes"] >= r["arena_bytes"], kind
+    temp = max(s["temp_bytes"] for s in r["steps"].values())
+    assert (got["reserve_source"], got["step_temp_bytes"]) == ("compiled", temp)

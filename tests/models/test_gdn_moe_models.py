@@ -32,7 +32,6 @@ rest follow a near-tie in the continuation), 32 of 32 tokens.
 from __future__ import annotations
 
 import json
-import math
 import warnings
 from pathlib import Path
 
@@ -42,7 +41,7 @@ import pytest
 import test_gdn_pretrained as gdn_tests
 import test_moe_models as moe_tests
 from lm_runs import CHECKPOINTS, LIMITS, reference
-from test_pretrained import U_BF16, decided_and_same_context, max_abs_logit, top2_gap
+from test_pretrained import decided_and_same_context, top2_gap
 
 from jaxarena import ModelConfig
 from jaxarena.models.checkpoint import open_checkpoint
@@ -60,25 +59,16 @@ def roundings(block) -> int:
 
 
 def atol_of(lm, ref) -> float:
-    n = 1 + sum(roundings(b) for b in lm.model.arch.blocks)
-    return 4 * U_BF16 * math.sqrt(n / 3) * max_abs_logit(ref)
+    """test_moe_models' bound (routing term included) with this model's roundings."""
+    return moe_tests.bf16_atol(lm, ref, roundings)
 
 
 def router_thresholds(lm, ref) -> np.ndarray:
-    """`2 delta` of each MoE block, in block order (module docstring)."""
-    out, before = [], 0
-    for b in lm.model.arch.blocks:
-        if b.kind == "moe":
-            delta = 4 * U_BF16 * math.sqrt((before + 1) / 3) * float(ref["router_logit_absmax"])
-            out.append(2 * delta)
-        before += roundings(b)
-    return np.array(out)
+    return moe_tests.router_thresholds(lm, ref, roundings)
 
 
 def decided(lm, ref, i: int) -> np.ndarray:
-    """Positions of prompt `i` + its greedy tokens before the sequence's first near-tie."""
-    m = ref[f"router_margin_{i}"]
-    return np.cumprod((m >= router_thresholds(lm, ref)[:, None]).all(0)).astype(bool)
+    return moe_tests.decided(lm, ref, i, roundings)
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -41,7 +41,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from lm_runs import CHECKPOINTS, LIMITS
-from test_moe_models import QUIET_MARGIN, U_BF16, block_roundings, max_abs_logit
+from test_moe_models import QUIET_MARGIN, bf16_atol, decided, max_abs_logit, router_thresholds
 
 from jaxarena import MemoryBudget, ModelConfig
 from jaxarena.cli import main
@@ -54,35 +54,12 @@ NAME = "gpt_oss"
 PRESETS = Path(__file__).resolve().parents[2] / "jaxarena" / "presets"
 
 
-def roundings(block) -> int:
-    """Stored bf16 roundings a block adds on the path to a logit (module docstring)."""
-    return 2 + 5 if isinstance(block, GptOssMoE) else block_roundings(block)
-
-
-def bf16_atol(lm, ref) -> float:
-    n = 1 + sum(roundings(b) for b in lm.model.arch.blocks)
-    return 4 * U_BF16 * math.sqrt(n / 3) * max_abs_logit(ref)
-
-
-def decided(lm, ref, i: int) -> np.ndarray:
-    """Positions of prompt `i` + its greedy tokens before the sequence's first router near-tie
-    (test_moe_models.decided for the gpt-oss block)."""
-    thresholds, before = [], 0
-    for b in lm.model.arch.blocks:
-        if isinstance(b, GptOssMoE):
-            n_r = before + 1
-            thresholds.append(2 * 4 * U_BF16 * math.sqrt(n_r / 3) * float(ref["router_logit_absmax"]))  # fmt: skip
-        before += roundings(b)
-    t = np.array(thresholds)
-    assert t.max() < QUIET_MARGIN
-    return np.cumprod((ref[f"router_margin_{i}"] >= t[:, None]).all(0)).astype(bool)
-
-
 def test_gpt_oss_prefill_logits_match_transformers(runs):
     r = runs.run(NAME)
     lm, ref = runs.lm(NAME), r["ref"]
     atol = bf16_atol(lm, ref)
-    assert atol < 0.25  # well below the logits' spread
+    assert atol < max_abs_logit(ref) / 8  # well below the logits' spread
+    assert router_thresholds(lm, ref).max() < QUIET_MARGIN
     for i, (got, want) in enumerate(zip(r["prefill"], ref["prefill"], strict=True)):
         assert got.shape == want.shape and got.dtype == np.float32
         assert decided(lm, ref, i)[: got.shape[0]].all()  # quiet prompts: every position

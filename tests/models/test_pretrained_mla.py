@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from lm_runs import CHECKPOINTS, LIMITS, reference
-from test_moe_models import QUIET_MARGIN, decided, router_thresholds
+from test_moe_models import QUIET_MARGIN, bf16_atol, decided, router_thresholds
 from test_moe_models import block_roundings as moe_block_roundings
 
 from jaxarena import ModelConfig
@@ -50,7 +50,6 @@ from jaxarena.models.blocks.mla import MLA
 from jaxarena.models.families import family_for
 
 FIXTURES = ("deepseek_v2", "deepseek_v3")
-U = 2.0**-9
 PRESETS = Path(__file__).resolve().parents[2] / "jaxarena" / "presets"
 
 
@@ -60,14 +59,9 @@ def block_counter(config):
     return lambda b: mla if isinstance(b, MLA) else moe_block_roundings(b)
 
 
-def roundings(lm) -> int:
-    count = block_counter(lm.config)
-    return 1 + sum(count(b) for b in lm.model.arch.blocks)  # 1: the logits store
-
-
 def atol_of(lm, ref) -> float:
-    zmax = max(np.abs(ref["greedy_logits"]).max(), *(np.abs(x).max() for x in ref["prefill"]))
-    return 4 * U * math.sqrt(roundings(lm) / 3) * float(zmax)
+    """test_moe_models' bound (its routing term included) with the MLA blocks' roundings."""
+    return bf16_atol(lm, ref, block_counter(lm.config))
 
 
 def top2_gap(logits: np.ndarray) -> np.ndarray:

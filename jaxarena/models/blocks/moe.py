@@ -1,24 +1,30 @@
 """The mixture-of-experts block: a router, dropless routed experts on the grouped GEMM, and
 optional shared experts and latent projections.
 
-One step (`MoE._forward`), every intermediate in the arena region the seed sizes for it:
+One step (`MoE._forward`) on the block input `ctx.x` (the pre-normed rows; the block has
+`input_in_ctx`). Under the step rule (jaxarena/models/README.md, "what goes through the
+arena") the intermediates are XLA values, each rounded to bf16 where the seed's region for it
+would have stored it (`core.arena.stored`), so the numbers are those of a step that stores
+them; only the FP8 grouped GEMM's slab `moe_fp8_scratch` (and the FP8 activation buffers of
+the shared expert / latent projections) is written in the arena, because a kernel reads it in
+place:
 
-1. the router input, float32, into `moe_router_in_f32` (transformers routes in float32 for
-   its float32 reference and for the sigmoid routers); the router logits `x @ W` into
-   `gate_logits_f32` (float32, what the routing reads) and `gate_logits` (bf16);
+1. the router in float32: the input widened exactly (`moe_router_in_f32`), the logits
+   `x @ W` kept in float32 (`gate_logits_f32`, what the routing reads);
 2. routing (`moe_routing`): softmax top-k (Qwen3-MoE, Mixtral) or sigmoid group-limited
    top-k (Nemotron-H, DeepSeek-V3); then the rows are sorted by expert (`sort_by_expert`);
-3. LatentMoE only: `fc1_latent_proj` (hidden -> latent) into `ssm_ba`;
+3. LatentMoE only: `fc1_latent_proj` (hidden -> latent), rounded as `ssm_ba`;
 4. gate and up of every (token, expert) row in one grouped GEMM, the sorted rows gathered
-   from the input by token: the gate half into `expert_gate_out`, the up half into
-   `expert_up_out` (`T * top_k` rows), then `silu(gate) * up` (or `relu(up)^2` for
-   non-gated experts) back into `expert_up_out`;
-5. the down projection (a second grouped GEMM) into `expert_down_out`;
-6. combine: the `top_k` rows of each token weighted and summed in float32, into
-   `moe_output` (LatentMoE: `fc2_latent_proj` back to hidden, into `moe_output`);
-7. shared experts (a dense MLP on the block input): up into `ssm_qkvz`, gate into
-   `expert_gate_out`, down into `expert_down_out`, optionally times
-   `sigmoid(x @ shared_expert_gate)` (Qwen2-MoE / Qwen3-Next), added into `moe_output`.
+   from the input by token: rounded as `expert_gate_out` / `expert_up_out` (`T * top_k`
+   rows), then `silu(gate) * up` (or `relu(up)^2` for non-gated experts), rounded as
+   `expert_up_out`;
+5. the down projection (a second grouped GEMM), rounded as `expert_down_out`;
+6. combine: the `top_k` rows of each token weighted and summed in float32, rounded as
+   `moe_output` (LatentMoE: `fc2_latent_proj` back to hidden, rounded again);
+7. shared experts (a dense MLP on the block input): up rounded as `ssm_qkvz`, gate as
+   `expert_gate_out`, the activation as `ssm_qkvz`, down as `expert_down_out`, optionally
+   times `sigmoid(x @ shared_expert_gate)` (Qwen2-MoE / Qwen3-Next), added to the routed
+   output and rounded as `moe_output`.
 
 Expert weights are `[E, K, N]` float (bf16 from a checkpoint) for
 `pallas_kernels.grouped_gemm`, or block-FP8 `{"w": float8_e4m3fn[E, N, K], "scale_inv":
@@ -30,6 +36,8 @@ activations, scales, work list and tile counter live in `moe_fp8_scratch` at the
 from __future__ import annotations
 
 import dataclasses
+import math
+from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import jax
@@ -37,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxarena import ModelConfig, workspaces
-from jaxarena.models.blocks.base import Block, Env, StepContext
+from jaxarena.models.blocks.base import Block, Env, StepContext, dense_init
 from jaxarena.models.blocks.mlp import FFN_QUANT_REGIONS
 from jaxarena.models.blocks.moe_routing import (
     DEEPSEEK_V2_TOPK_METHODS,
@@ -47,7 +55,7 @@ from jaxarena.models.blocks.moe_routing import (
     softmax_group_route,
     sort_by_expert,
 )
-from jaxarena.models.core.arena import BF16, F32, get, is_fp8, linear, put
+from jaxarena.models.core.arena import BF16, F32, is_fp8, linear, stored
 from pallas_kernels.grouped_gemm import grouped_gemm, grouped_gemm_fp8_into
 
 __all__ = ["MoE", "MOE_ROUTERS"]
@@ -56,14 +64,44 @@ MOE_ROUTERS = ("softmax", "sigmoid_group", "softmax_group")
 _ACTS = ("swiglu", "relu2")
 
 
+# The weight helpers below also take `jax.ShapeDtypeStruct`s (the shapes-only reader of
+# `jaxarena.step_report`) and return the shape the arrays would have.
+
+
+def _stack(parts: list[Any]) -> Any:
+    if isinstance(parts[0], jax.ShapeDtypeStruct):
+        return jax.ShapeDtypeStruct((len(parts), *parts[0].shape), parts[0].dtype)
+    return np.stack(parts)
+
+
+def _concat(a: Any, b: Any, axis: int) -> Any:
+    if isinstance(a, jax.ShapeDtypeStruct):
+        shape = list(a.shape)
+        shape[axis] += b.shape[axis]
+        return jax.ShapeDtypeStruct(tuple(shape), a.dtype)
+    return np.concatenate([a, b], axis=axis)
+
+
+def _transposed(a: Any) -> Any:
+    if isinstance(a, jax.ShapeDtypeStruct):
+        return jax.ShapeDtypeStruct(a.shape[::-1], a.dtype)
+    return np.ascontiguousarray(a.T)
+
+
+def _as_f32(a: Any) -> Any:
+    if isinstance(a, jax.ShapeDtypeStruct):
+        return jax.ShapeDtypeStruct(a.shape, F32)
+    return a.astype(F32)
+
+
 def _stack_experts(parts: list[Any]) -> Any:
     """Per-expert `Reader.linear` results -> one `[E, in, out]` float array or one FP8 dict
     `{"w": [E, out, in], "scale_inv": [E, ...]}` (the grouped GEMMs' layouts)."""
     if all(is_fp8(p) for p in parts):
-        return {k: np.stack([p[k] for p in parts]) for k in ("w", "scale_inv")}
+        return {k: _stack([p[k] for p in parts]) for k in ("w", "scale_inv")}
     if any(is_fp8(p) for p in parts):
         raise NotImplementedError("experts with FP8 and float weights mixed in one layer")
-    return np.stack(parts)
+    return _stack(parts)
 
 
 def _concat_out(a: Any, b: Any, width: int) -> Any:
@@ -72,8 +110,8 @@ def _concat_out(a: Any, b: Any, width: int) -> Any:
         if width % workspaces.FP8_BLOCK:
             raise NotImplementedError(f"FP8 experts need moe_intermediate_size % 128 == 0, got "
                                       f"{width}")  # fmt: skip
-        return {k: np.concatenate([a[k], b[k]], axis=1) for k in ("w", "scale_inv")}
-    return np.concatenate([a, b], axis=-1)
+        return {k: _concat(a[k], b[k], 1) for k in ("w", "scale_inv")}
+    return _concat(a, b, -1)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -104,6 +142,7 @@ class MoE(Block):
     """
 
     kind: ClassVar[str] = "moe"
+    input_in_ctx: ClassVar[bool] = True
     router: str = "softmax"
     norm_topk_prob: bool = True
     n_group: int = 1
@@ -127,6 +166,36 @@ class MoE(Block):
 
     # -- weights ---------------------------------------------------------------------------
 
+    def init_params(self, config: ModelConfig, keys: Iterator[jax.Array]) -> dict[str, Any]:
+        """Random float32 weights in `read_params`' layout (the down projections scaled by
+        0.5; a zero correction bias for sigmoid routers); at most 9 keys."""
+        c = config
+        h, e, inter, d = c.hidden_size, c.num_experts, c.moe_intermediate_size, c.moe_input_size
+
+        def experts(fan_in: int, fan_out: int) -> jax.Array:
+            shape = (e, fan_in, fan_out)
+            return jax.random.normal(next(keys), shape, jnp.float32) / math.sqrt(fan_in)
+
+        p: dict[str, Any] = {"router": dense_init(keys, h, e)}
+        if self.router == "sigmoid_group":
+            p["bias"] = jnp.zeros((e,), jnp.float32)
+        p["w_gate_up" if self.act == "swiglu" else "w_up"] = experts(
+            d, 2 * inter if self.act == "swiglu" else inter
+        )
+        p["w_down"] = experts(inter, d) * 0.5
+        if self.shared:
+            si = c.shared_expert_intermediate_size
+            p["s_up"] = dense_init(keys, h, si)
+            p["s_down"] = dense_init(keys, si, h) * 0.5
+            if self.act == "swiglu":
+                p["s_gate"] = dense_init(keys, h, si)
+            if self.shared_gate:
+                p["s_scale"] = dense_init(keys, h, 1)
+        if self.latent:
+            p["w_lat_in"] = dense_init(keys, h, d)
+            p["w_lat_out"] = dense_init(keys, d, h)
+        return p
+
     def read_params(self, reader: Any, config: ModelConfig, prefix: str,
                     norm: str) -> dict[str, Any]:  # fmt: skip
         """`{prefix}.gate.weight` (the router, always float), `{prefix}.experts.{j}.*`, and the
@@ -135,9 +204,9 @@ class MoE(Block):
         h, e, inter, d = c.hidden_size, c.num_experts, c.moe_intermediate_size, c.moe_input_size
         gname, uname, dname = self.expert_names
         p: dict[str, Any] = {"norm": reader.vector(norm, h)}
-        p["router"] = np.ascontiguousarray(reader.matrix(f"{prefix}.gate.weight", e, h).T)
+        p["router"] = _transposed(reader.matrix(f"{prefix}.gate.weight", e, h))
         if self.router == "sigmoid_group":
-            p["bias"] = reader.vector(f"{prefix}.gate.e_score_correction_bias", e).astype(F32)
+            p["bias"] = _as_f32(reader.vector(f"{prefix}.gate.e_score_correction_bias", e))
 
         def experts(name: str, out: int, inp: int) -> Any:
             return _stack_experts([reader.linear(f"{prefix}.experts.{j}.{name}", out, inp)
@@ -156,8 +225,8 @@ class MoE(Block):
             if self.act == "swiglu":
                 p["s_gate"] = reader.linear(f"{s}.gate_proj", si, h)
             if self.shared_gate:
-                p["s_scale"] = np.ascontiguousarray(
-                    reader.matrix(f"{prefix}.shared_expert_gate.weight", 1, h).T
+                p["s_scale"] = _transposed(
+                    reader.matrix(f"{prefix}.shared_expert_gate.weight", 1, h)
                 )
         if self.latent:
             p["w_lat_in"] = reader.linear(f"{prefix}.fc1_latent_proj", d, h)
@@ -198,100 +267,98 @@ class MoE(Block):
                                    routed_scaling_factor=self.routed_scaling_factor)  # fmt: skip
 
     @staticmethod
-    def _gemm(env: Env, arena, src: str, shape: tuple[int, int], w, sizes, token, t: int):
-        """Grouped GEMM of region `src` (`shape = (R, K)`, rows gathered by `token` when
-        given) with per-expert weights `w`, for a step of `t` tokens; returns
-        `(arena, float32[rows, N])`."""
+    def _gemm(env: Env, arena, x: jax.Array, w, sizes, token, t: int):
+        """Grouped GEMM of the rows `x` (`[R, K]`, bf16 or bf16-rounded float32; the sorted
+        rows are `x[token]` when `token` is given) with per-expert weights `w`, for a step of
+        `t` tokens; returns `(arena, float32[rows, N])`. FP8 weights quantize `x` into
+        `moe_fp8_scratch`, which the FP8 grouped GEMM reads in place."""
         c, plan, it = env.config, env.plan, env.interpret
-        x = plan.view(arena, src, shape, BF16)
         if is_fp8(w):
+            x = x.astype(BF16)  # exact: `x` is bf16-rounded
             layout = workspaces.moe_fp8_scratch_layout(
                 rows=workspaces.fp8_rows(t), top_k=c.num_experts_per_tok,
                 num_experts=c.num_experts, hidden_size=c.hidden_size,
                 moe_intermediate_size=c.moe_intermediate_size,
                 shared_expert_intermediate_size=c.shared_expert_intermediate_size)  # fmt: skip
-            return grouped_gemm_fp8_into(arena, plan, x, w["w"], w["scale_inv"], sizes,
-                                         layout=layout, row_ids=token, out_dtype=F32,
-                                         interpret=it)  # fmt: skip
-        lhs = x if token is None else x[token]
+            arena, out = grouped_gemm_fp8_into(arena, plan, x, w["w"], w["scale_inv"], sizes,
+                                               layout=layout, row_ids=token, out_dtype=F32,
+                                               interpret=it)  # fmt: skip
+            # The GEMM read the slab: tie its output to this arena before the next write.
+            out, arena = jax.lax.optimization_barrier((out, arena))
+            return arena, out
+        # Gathered, then narrowed (exact): XLA fuses the two, no bf16 copy of `x`.
+        lhs = (x if token is None else x[token]).astype(BF16)
         return arena, grouped_gemm(lhs, w.astype(BF16), sizes, out_dtype=F32, interpret=it)
 
-    def _shared(self, env: Env, p, arena, t: int):
-        """The shared expert on `norm_output`, added into `moe_output`."""
+    def _shared(self, env: Env, p, arena, x: jax.Array, t: int):
+        """The shared expert on the block input `x`: `(arena, float32[T, hidden])`, rounded
+        where `ssm_qkvz` (up, then the activation), `expert_gate_out` (gate) and
+        `expert_down_out` (down) stored it."""
         c, plan, it = env.config, env.plan, env.interpret
         h, si = c.hidden_size, c.shared_expert_intermediate_size
         act_regions = workspaces.FP8_ACT_REGIONS
-        arena, u = linear(plan, arena, "norm_output", (t, h), p["s_up"], act_regions,
-                          interpret=it)  # fmt: skip
-        arena = put(plan, arena, "ssm_qkvz", u)
         if self.act == "swiglu":
-            arena, g = linear(plan, arena, "norm_output", (t, h), p["s_gate"], act_regions,
-                              interpret=it)  # fmt: skip
-            arena = put(plan, arena, "expert_gate_out", g)
-            g = get(plan, arena, "expert_gate_out", (t, si))
-            a = jax.nn.silu(g) * get(plan, arena, "ssm_qkvz", (t, si))
+            # One input quantization for both projections (a tuple weight, split outputs).
+            arena, (g, u) = linear(plan, arena, x, (t, h), (p["s_gate"], p["s_up"]),
+                                   act_regions, interpret=it, split=True)  # fmt: skip
+            a = jax.nn.silu(stored(g)) * stored(u)
         else:
-            a = jnp.square(jax.nn.relu(get(plan, arena, "ssm_qkvz", (t, si))))
-        arena = put(plan, arena, "ssm_qkvz", a)
+            arena, u = linear(plan, arena, x, (t, h), p["s_up"], act_regions, interpret=it)
+            a = jnp.square(jax.nn.relu(stored(u)))
         regions = FFN_QUANT_REGIONS if workspaces.ffn_fp8_uses_seed_regions(si) else None
-        arena, y = linear(plan, arena, "ssm_qkvz", (t, si), p["s_down"], regions, interpret=it)
+        arena, y = linear(plan, arena, stored(a), (t, si), p["s_down"], regions, interpret=it)
         if self.shared_gate:
-            x = get(plan, arena, "norm_output", (t, h))
             y = y * jax.nn.sigmoid(x @ p["s_scale"].astype(F32))
-        arena = put(plan, arena, "expert_down_out", y)
-        out = get(plan, arena, "moe_output", (t, h)) + get(plan, arena, "expert_down_out", (t, h))
-        return put(plan, arena, "moe_output", out)
+        return arena, stored(y)
 
-    def _forward(self, env: Env, p, arena, t: int):
+    def _forward(self, env: Env, p, arena, x: jax.Array, t: int):
+        """The block on its input `x` (the pre-normed rows, float32 bf16-rounded); returns
+        `(arena, float32[T, hidden])`. The intermediates are XLA values rounded to bf16 where
+        the seed's regions (module docstring) would have stored them."""
         c, plan, it = env.config, env.plan, env.interpret
         h, e, k = c.hidden_size, c.num_experts, c.num_experts_per_tok
-        inter, d = c.moe_intermediate_size, c.moe_input_size
-        # 1. router, in float32
-        arena = plan.write(arena, "moe_router_in_f32", get(plan, arena, "norm_output", (t, h)))
-        xr = plan.view(arena, "moe_router_in_f32", (t, h), F32)
-        logits = self._router_logits(p, xr)
-        arena = plan.write(arena, "gate_logits_f32", logits)
-        arena = put(plan, arena, "gate_logits", logits)
+        d = c.moe_input_size
+        # 1. router, in float32 (the input widened exactly, as `moe_router_in_f32` held it;
+        # the logits float32 as `gate_logits_f32` held them). The input is kept as bf16
+        # (exact) until the gather, as the plain step keeps it (measured: 2 launches fewer in
+        # the tiny step-rule test's prefill than with the float32 value).
+        xb = x.astype(BF16)
+        logits = self._router_logits(p, xb.astype(F32))
         # 2. routing and the dropless layout
-        weights, ids = self._route(p, plan.view(arena, "gate_logits_f32", (t, e), F32), k)
+        weights, ids = self._route(p, logits, k)
         order, sizes, token = sort_by_expert(ids, e)
         expert = ids.reshape(-1)[order]
-        src = "norm_output"
-        if self.latent:  # 3.
-            arena, lat = linear(plan, arena, "norm_output", (t, h), p["w_lat_in"],
+        src = xb
+        if self.latent:  # 3. (`ssm_ba`)
+            arena, lat = linear(plan, arena, x, (t, h), p["w_lat_in"],
                                 workspaces.FP8_ACT_REGIONS, interpret=it)  # fmt: skip
-            arena, src = put(plan, arena, "ssm_ba", lat), "ssm_ba"
-        # 4. gate / up, activation
-        rows = t * k
+            src = stored(lat)
+        # 4. gate / up (`expert_gate_out`, `expert_up_out`), activation (`expert_up_out`)
         w_in = p["w_gate_up"] if self.act == "swiglu" else p["w_up"]
-        arena, gu = self._gemm(env, arena, src, (t, d), w_in, sizes, token, t)
+        arena, gu = self._gemm(env, arena, src, w_in, sizes, token, t)
         if self.act == "swiglu":
-            arena = put(plan, arena, "expert_gate_out", gu[:, :inter])
-            arena = put(plan, arena, "expert_up_out", gu[:, inter:])
-            gu = jnp.concatenate([get(plan, arena, "expert_gate_out", (rows, inter)),
-                                  get(plan, arena, "expert_up_out", (rows, inter))], axis=-1)  # fmt: skip
-        arena = put(plan, arena, "expert_up_out", self._act(p, gu, expert))
-        # 5. down
-        arena, y = self._gemm(env, arena, "expert_up_out", (rows, inter), p["w_down"], sizes,
-                              None, t)  # fmt: skip
-        arena = put(plan, arena, "expert_down_out", self._down_bias(p, y, expert))
-        # 6. combine in float32
-        y = get(plan, arena, "expert_down_out", (rows, d))
-        arena = put(plan, arena, "moe_output", combine(y, order, weights, F32))
+            gu = stored(gu)
+        a = stored(self._act(p, gu, expert))
+        # 5. down (`expert_down_out`)
+        arena, y = self._gemm(env, arena, a, p["w_down"], sizes, None, t)
+        y = stored(self._down_bias(p, y, expert))
+        # 6. combine in float32 (`moe_output`)
+        out = stored(combine(y, order, weights, F32))
         if self.latent:
-            arena, out = linear(plan, arena, "moe_output", (t, d), p["w_lat_out"],
+            arena, out = linear(plan, arena, out, (t, d), p["w_lat_out"],
                                 workspaces.FP8_ACT_REGIONS, interpret=it)  # fmt: skip
-            arena = put(plan, arena, "moe_output", out)
-        if self.shared:  # 7.
-            arena = self._shared(env, p, arena, t)
-        return arena, get(plan, arena, "moe_output", (t, h))
+            out = stored(out)
+        if self.shared:  # 7. (`moe_output`)
+            arena, y = self._shared(env, p, arena, x, t)
+            out = stored(out + y)
+        return arena, out
 
     def prefill(self, env: Env, params, arena, cache, ctx: StepContext):
         """The experts of every prompt token; the cache (None) passes through."""
-        arena, out = self._forward(env, params, arena, ctx.num_tokens)
+        arena, out = self._forward(env, params, arena, ctx.x, ctx.num_tokens)
         return arena, cache, out
 
     def decode(self, env: Env, params, arena, cache, ctx: StepContext):
         """The experts of each sequence's new token; the cache (None) passes through."""
-        arena, out = self._forward(env, params, arena, ctx.num_tokens)
+        arena, out = self._forward(env, params, arena, ctx.x, ctx.num_tokens)
         return arena, cache, out

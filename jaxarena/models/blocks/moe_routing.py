@@ -18,8 +18,8 @@ follows `jax.lax.top_k` (descending score, lower index first on ties); DeepSeek'
 
 The helpers (MaxText's dropless `sparse_matmul` layout): `sort_by_expert` argsorts the flattened
 top-k ids (stable), counts rows per expert with `bincount` and gives each sorted row its token
-(`order // k`); `combine` scatters the expert outputs back and sums the k rows of each token
-weighted, in f32.
+(`order // k`); `combine` gathers each token's k expert rows back (through the inverse
+permutation) and sums them weighted, in f32.
 """
 
 from __future__ import annotations
@@ -231,6 +231,11 @@ def combine(y_sorted: jax.Array, order: jax.Array, weights: jax.Array, out_dtype
       `[T, D]`.
     """
     t, k = weights.shape
-    y = jnp.zeros(y_sorted.shape, jnp.float32).at[order].set(y_sorted.astype(jnp.float32))
-    out = jnp.einsum("tkd,tk->td", y.reshape(t, k, -1), weights.astype(jnp.float32))
+    # A gather through the inverse permutation (a scatter of T*k indices), which XLA fuses
+    # with the weighted sum: no `[T*k, D]` buffer. (Scattering the rows into a zeroed
+    # `[T*k, D]` buffer instead kept one such buffer per layer alive in a GPU prefill.)
+    n = order.shape[0]
+    inv = jnp.zeros((n,), order.dtype).at[order].set(jnp.arange(n, dtype=order.dtype))
+    y = y_sorted.astype(jnp.float32)[inv].reshape(t, k, -1)
+    out = jnp.sum(y * weights.astype(jnp.float32)[:, :, None], axis=1)
     return out.astype(y_sorted.dtype if out_dtype is None else out_dtype)
