@@ -113,7 +113,7 @@ def test_prefill_logits_match_transformers(runs, name):
     r = runs.run(name)
     lm, ref = runs.lm(name), r["ref"]
     atol = atol_of(lm, ref)
-    assert atol < 0.2  # well below the logits' spread
+    assert atol < max_abs_logit(ref) / 8  # well below the logits' spread
     assert router_thresholds(lm, ref).max() < moe_tests.QUIET_MARGIN
     for i, (got, want) in enumerate(zip(r["prefill"], ref["prefill"], strict=True)):
         n = got.shape[0]

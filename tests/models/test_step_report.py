@@ -66,14 +66,19 @@ def test_cpu_figures_are_those_of_the_loaded_model(runs):
         assert step["compile_seconds"] > 0
 
 
-@pytest.mark.parametrize("name", ["qwen3_moe", "qwen3_moe_fp8", "nemotron_h_moe"])
-def test_moe_abstract_weights_are_the_loaded_ones(runs, name):
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [("qwen3_moe", "moe"), ("qwen3_moe_fp8", "moe"), ("nemotron_h_moe", "moe"),
+     ("gpt_oss", "moe_gpt_oss"), ("qwen2", "attention")],
+)  # fmt: skip
+def test_moe_abstract_weights_are_the_loaded_ones(runs, name, kind):
     """MoE blocks build from shapes (stacked experts, fused gate/up, FP8 expert dicts, shared
-    experts, latent projections, the sigmoid router's bias): the tree, shapes and dtypes
-    load_pretrained places, from the safetensors headers."""
+    experts, latent projections, the sigmoid router's bias, gpt-oss's de-interleaved experts
+    and biases), as do attention biases (qwen2): the tree, shapes and dtypes load_pretrained
+    places, from the safetensors headers."""
     loaded = runs.lm(name)
     lm, params, _ = abstract_model(CHECKPOINTS / name, target="cpu", **LIMITS)
-    assert "moe" in lm.arch.kinds
+    assert kind in lm.arch.kinds
     assert _types(params) == _types(loaded.params)
     assert lm.plan.total_bytes == loaded.arena_bytes
 

@@ -118,9 +118,11 @@ class Attention(Block):
         if self.qkv_bias:
             sizes = (("q", config.num_attention_heads), ("k", config.num_key_value_heads),
                      ("v", config.num_key_value_heads))  # fmt: skip
-            p["bqkv"] = np.concatenate(
-                [reader.vector(f"{prefix}.{n}_proj.bias", heads * hd) for n, heads in sizes]
-            )
+            parts = [reader.vector(f"{prefix}.{n}_proj.bias", heads * hd) for n, heads in sizes]
+            if isinstance(parts[0], jax.ShapeDtypeStruct):  # the shapes-only reader (step-report)
+                p["bqkv"] = jax.ShapeDtypeStruct((sum(b.shape[0] for b in parts),), parts[0].dtype)
+            else:
+                p["bqkv"] = np.concatenate(parts)
         if self.o_bias:
             p["bo"] = reader.vector(f"{prefix}.o_proj.bias", config.hidden_size)
         if self.sinks:

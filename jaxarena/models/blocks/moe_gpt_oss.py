@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxarena import ModelConfig
-from jaxarena.models.blocks.moe import MoE
+from jaxarena.models.blocks.moe import MoE, _transposed
 from jaxarena.models.blocks.moe_routing import gpt_oss_route
 from jaxarena.models.checkpoint import FLOAT_DTYPES
 from jaxarena.models.core.arena import F32
@@ -43,9 +43,11 @@ from jaxarena.models.core.arena import F32
 __all__ = ["GptOssMoE", "deinterleave"]
 
 
-def deinterleave(a: np.ndarray) -> np.ndarray:
+def deinterleave(a: Any) -> Any:
     """`[..., 2n]` with gate and up interleaved (`g0 u0 g1 u1 ...`) -> `[..., 2n]` as
-    `[gate | up]` (`g0 g1 ... u0 u1 ...`)."""
+    `[gate | up]` (`g0 g1 ... u0 u1 ...`); a `ShapeDtypeStruct` passes through."""
+    if isinstance(a, jax.ShapeDtypeStruct):
+        return a
     return np.concatenate([a[..., 0::2], a[..., 1::2]], axis=-1)
 
 
@@ -91,7 +93,7 @@ class GptOssMoE(MoE):
         """
         h, e, inter = config.hidden_size, config.num_experts, config.moe_intermediate_size
         ex = f"{prefix}.experts"
-        if f"{ex}.gate_up_proj_blocks" in reader.ckpt:
+        if reader.ckpt is not None and f"{ex}.gate_up_proj_blocks" in reader.ckpt:
             raise NotImplementedError(f"{reader.ckpt.path}: {ex}.gate_up_proj_blocks: MXFP4 "
                                       "gpt-oss experts are not implemented; load a bf16 "
                                       "checkpoint")  # fmt: skip
@@ -99,12 +101,15 @@ class GptOssMoE(MoE):
             raise NotImplementedError(f"{reader.ckpt.path}: FP8 gpt-oss experts ({ex}) are "
                                       "not implemented")  # fmt: skip
 
-        def get(name: str, *shape: int) -> np.ndarray:  # as stored (bf16 in releases)
-            return np.array(reader.raw(name, shape, FLOAT_DTYPES))
+        def get(name: str, *shape: int) -> Any:  # as stored (bf16 in releases)
+            a = reader.raw(name, shape, FLOAT_DTYPES)
+            if a.size > 1 and not any(a.strides):  # the shapes-only reader's zero-strided view
+                return jax.ShapeDtypeStruct(a.shape, a.dtype)
+            return np.array(a)
 
         return {
             "norm": reader.vector(norm, h),
-            "router": np.ascontiguousarray(reader.matrix(f"{prefix}.router.weight", e, h).T),
+            "router": _transposed(reader.matrix(f"{prefix}.router.weight", e, h)),
             "router_bias": get(f"{prefix}.router.bias", e),
             "w_gate_up": deinterleave(get(f"{ex}.gate_up_proj", e, h, 2 * inter)),
             "b_gate_up": deinterleave(get(f"{ex}.gate_up_proj_bias", e, 2 * inter)),
