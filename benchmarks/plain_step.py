@@ -6,8 +6,8 @@ launches and temp of `ArenaLM.prefill` / `decode_step` vs these.
 Also builds an `ArenaLM` at real widths from a config dict without weights (abstract bf16
 parameters and caches, `jax.ShapeDtypeStruct`), for `compile_for_gpu`.
 
-Attention and MLP blocks only (the dense families); `plain_*` raise NotImplementedError for a
-Mamba block.
+Attention, MLP and Mamba-2 blocks (the dense families, mamba2, nemotron_h); `plain_*` raise
+NotImplementedError for the other blocks.
 """
 
 from __future__ import annotations
@@ -22,12 +22,18 @@ import jax.numpy as jnp
 
 from jaxarena import ArenaPlan, BufferSizes, Levers, ModelConfig, Target
 from jaxarena.models.blocks.attention import Attention
+from jaxarena.models.blocks.mamba2 import CONV_KERNEL, Mamba2
 from jaxarena.models.blocks.mlp import MLP
 from jaxarena.models.core.norms import rms_norm
 from jaxarena.models.core.rope import rope
 from jaxarena.models.families.registry import family_for
 from jaxarena.models.stack import ArenaLM
-from pallas_kernels import paged_prefill_attention, splitk_decode_attention
+from pallas_kernels import (
+    paged_prefill_attention,
+    splitk_decode_attention,
+    ssd_chunked_scan,
+    ssd_state_update,
+)
 
 BF16, F32, I32 = jnp.bfloat16, jnp.float32, jnp.int32
 S = jax.ShapeDtypeStruct
@@ -86,8 +92,10 @@ def abstract_caches(model: ArenaLM, *, num_blocks: int, rows: int) -> dict[str, 
 
 def _check_blocks(model: ArenaLM) -> None:
     for b in model.arch.blocks:
-        if not isinstance(b, Attention | MLP):
-            raise NotImplementedError(f"the plain step runs attention and MLP blocks, not {b.kind}")
+        if not isinstance(b, Attention | MLP | Mamba2):
+            raise NotImplementedError(
+                f"the plain step runs attention, MLP and Mamba-2 blocks, not {b.kind}"
+            )
 
 
 def _attention(model, b: Attention, p, x, cache, ctx, mode):
@@ -129,6 +137,47 @@ def _mlp(b: MLP, p, x):
     return h @ p["w_down"]
 
 
+def _mamba(model, b: Mamba2, p, x, cache, ctx, mode):
+    """in_proj -> causal conv -> SSD (the standalone kernels) -> gated grouped RMSNorm ->
+    out_proj; the conv window and SSM state in the cache, as `Mamba2` keeps them."""
+    c, t = model.config, x.shape[0]
+    d_in, d_xbc, g, n = c.mamba2_d_inner, c.mamba2_d_xbc, c.n_groups, c.ssm_state_size
+    zx = (x @ p["in_proj"]).astype(F32)
+    z, xbc, dt = zx[:, :d_in], zx[:, d_in : d_in + d_xbc], zx[:, d_in + d_xbc :]
+    w = p["conv_w"].astype(F32)
+    if mode == "prefill":
+        cu, seq = ctx["cu_seqlens"], ctx["seq_ids"]
+        idx = jnp.arange(t, dtype=I32)
+        conv = xbc * w[CONV_KERNEL - 1]
+        for j in range(1, CONV_KERNEL):
+            same = (idx >= j) & (jnp.roll(seq, j) == seq)
+            conv = conv + jnp.where(same[:, None], jnp.roll(xbc, j, 0), 0.0) * w[-1 - j]
+        last = [cu[1:] - j for j in range(CONV_KERNEL - 1, 0, -1)]
+        win = jnp.stack([jnp.where((i >= cu[:-1])[:, None], xbc[jnp.maximum(i, 0)], 0.0)
+                         for i in last], 1)  # fmt: skip
+        conv_cache = cache["conv"].at[: win.shape[0]].set(win)
+    else:
+        window = jnp.concatenate([cache["conv"][:t], xbc[:, None, :]], axis=1)
+        conv = jnp.einsum("bkd,kd->bd", window, w)
+        conv_cache = cache["conv"].at[:t].set(window[:, 1:])
+    xbc = jax.nn.silu(conv + p["conv_b"].astype(F32))
+    xs = xbc[:, :d_in].reshape(t, c.mamba_num_heads, c.mamba_head_dim)
+    bb = xbc[:, d_in : d_in + g * n].reshape(t, g, n)
+    cc = xbc[:, d_in + g * n :].reshape(t, g, n)
+    a = -jnp.exp(p["A_log"].astype(F32))
+    kw = dict(D=p["D"].astype(F32), dt_bias=p["dt_bias"].astype(F32), dt_softplus=True,
+              interpret=model.interpret)  # fmt: skip
+    if mode == "prefill":
+        y, final = ssd_chunked_scan(xs.astype(BF16), dt, a, bb, cc, chunk_size=64,
+                                    cu_seqlens=ctx["cu_seqlens"], **kw)  # fmt: skip
+        state = cache["state"].at[: final.shape[0]].set(final)
+    else:
+        y, state = ssd_state_update(cache["state"], xs, dt, a, bb, cc, **kw)
+    y = y.reshape(t, d_in).astype(F32) * jax.nn.silu(z)
+    y = rms_norm(y.reshape(t, g, -1), p["gate_norm"].reshape(g, -1), b.rms_eps)
+    return {"state": state, "conv": conv_cache}, y.reshape(t, d_in).astype(BF16) @ p["out_proj"]
+
+
 def _blocks(model: ArenaLM, params, caches, tokens, ctx, mode):
     _check_blocks(model)
     eps = model.arch.rms_eps
@@ -138,6 +187,8 @@ def _blocks(model: ArenaLM, params, caches, tokens, ctx, mode):
         h = rms_norm(x, p["norm"], eps).astype(BF16)
         if isinstance(b, Attention):
             out[key], y = _attention(model, b, p, h, caches[key], ctx, mode)
+        elif isinstance(b, Mamba2):
+            out[key], y = _mamba(model, b, p, h, caches[key], ctx, mode)
         else:
             out[key], y = caches[key], _mlp(b, p, h)
         x = x + y.astype(F32)

@@ -52,7 +52,7 @@ def _compile(fn, *args, target, donate):
 
 
 def _plain_runs(m) -> bool:
-    return set(m.arch.kinds) <= {"attention", "mlp"}  # the plain step has no Mamba block
+    return set(m.arch.kinds) <= {"attention", "mlp", "mamba"}  # the plain step's blocks
 
 
 def decode_costs(raw, *, batch, target, plain=True, max_seq_len=4096):
