@@ -225,9 +225,14 @@ class GatedDeltaNet(Block):
         """One conv tap and one delta-rule state update per sequence (cache rows `0..B-1`)."""
         p, bsz = params, ctx.num_tokens
         arena, x, z, ba = self._project(env, p, arena, ctx.x, bsz)
-        window = jnp.concatenate([cache["conv"][:bsz], x[:, None, :]], axis=1)
-        conv = jnp.einsum("bkd,kd->bd", window, p["conv_w"].astype(F32))
-        conv_cache = cache["conv"].at[:bsz].set(window[:, 1:])
+        w, prev = p["conv_w"].astype(F32), cache["conv"][:bsz]
+        conv = jnp.einsum("bkd,kd->bd", prev, w[:-1]) + x * w[-1]
+        # The conv reads the old window before the shifted window is written over it: without
+        # the barrier XLA fuses both into one pass, which must first copy the (donated) conv
+        # cache (f32[B, kk - 1, conv_dim] of temp per layer: 768 KiB for Qwen3-Next at B = 8);
+        # with it, one more launch per layer.
+        conv, prev = jax.lax.optimization_barrier((conv, prev))
+        conv_cache = cache["conv"].at[:bsz].set(jnp.concatenate([prev[:, 1:], x[:, None]], 1))
         g, beta = self._gates(env, p, ba, bsz)
         q, k, v = self._split_conv(env, jax.nn.silu(conv))
         # Rows 0..B-1 of the (donated) state cache are updated in place.
