@@ -43,6 +43,10 @@ MODELS = {
     "llama": LLAMA_1B,
     "mamba2": json.loads((PRESETS / "mamba2-2.7b.json").read_text()),
     "nemotron_h": json.loads((PRESETS / "nemotron-h-8b.json").read_text()),
+    # Qwen3-Next-80B's widths with dense MLPs (its MoE layers are not implemented).
+    "qwen3_next": dict(
+        json.loads((PRESETS / "qwen3-next-80b-a3b.json").read_text()), num_experts=0
+    ),
 }
 
 
@@ -52,7 +56,7 @@ def _compile(fn, *args, target, donate):
 
 
 def _plain_runs(m) -> bool:
-    return set(m.arch.kinds) <= {"attention", "mlp", "mamba"}  # the plain step's blocks
+    return set(m.arch.kinds) <= {"attention", "mlp", "mamba", "gdn"}  # the plain step's blocks
 
 
 def decode_costs(raw, *, batch, target, plain=True, max_seq_len=4096):
