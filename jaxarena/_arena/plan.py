@@ -289,8 +289,9 @@ class ArenaPlan:
         and then written, here: a kernel that reads or writes its regions in place (the whole
         arena aliased) makes no `view` or `write` of its own, and without these events a
         recording would leave its regions out (or end a region's life before the kernel
-        reads it). A region a kernel only uses as scratch thus stays live to the end of the
-        pass: conservative, never too short.
+        reads it). Conservative, never too short: a region nothing wrote before counts as an
+        input (live from the start of the pass), and one a kernel only uses as scratch stays
+        live to the end of the pass.
 
         Raises:
           ArenaError: listing every problem at once: a region not in the plan, an array larger
