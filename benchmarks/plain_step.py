@@ -6,8 +6,9 @@ launches and temp of `ArenaLM.prefill` / `decode_step` vs these.
 Also builds an `ArenaLM` at real widths from a config dict without weights (abstract bf16
 parameters and caches, `jax.ShapeDtypeStruct`), for `compile_for_gpu`.
 
-Attention, MLP and MoE blocks (bf16 experts on the same Pallas grouped GEMM); `plain_*` raise
-NotImplementedError for a Mamba block.
+Attention (gated and partial-RoPE included), MLP, MoE (bf16 experts on the same Pallas
+grouped GEMM), Mamba-2 and Gated DeltaNet blocks; `plain_*` raise NotImplementedError for the
+other blocks (MLA).
 """
 
 from __future__ import annotations
@@ -19,17 +20,27 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxarena import ArenaPlan, BufferSizes, Levers, ModelConfig, Target
 from jaxarena.models.blocks.attention import Attention
+from jaxarena.models.blocks.gated_deltanet import GatedDeltaNet
+from jaxarena.models.blocks.mamba2 import CONV_KERNEL, Mamba2
 from jaxarena.models.blocks.mlp import MLP
 from jaxarena.models.blocks.moe import MoE
 from jaxarena.models.blocks.moe_routing import combine, sort_by_expert
 from jaxarena.models.core.norms import rms_norm
-from jaxarena.models.core.rope import rope
+from jaxarena.models.core.rope import rope, rope_table
 from jaxarena.models.families.registry import family_for
 from jaxarena.models.stack import ArenaLM
-from pallas_kernels import paged_prefill_attention, splitk_decode_attention
+from pallas_kernels import (
+    gdn_chunked,
+    gdn_state_update,
+    paged_prefill_attention,
+    splitk_decode_attention,
+    ssd_chunked_scan,
+    ssd_state_update,
+)
 from pallas_kernels.grouped_gemm import grouped_gemm
 
 BF16, F32, I32 = jnp.bfloat16, jnp.float32, jnp.int32
@@ -101,24 +112,31 @@ def abstract_caches(model: ArenaLM, *, num_blocks: int, rows: int) -> dict[str, 
 
 def _check_blocks(model: ArenaLM) -> None:
     for b in model.arch.blocks:
-        if not isinstance(b, Attention | MLP | MoE):
-            raise NotImplementedError(f"the plain step runs attention, MLP and MoE blocks, not "
-                                      f"{b.kind}")  # fmt: skip
+        if not isinstance(b, Attention | MLP | MoE | Mamba2 | GatedDeltaNet):
+            raise NotImplementedError(
+                f"the plain step runs attention, MLP, MoE, Mamba-2 and GDN blocks, not {b.kind}"
+            )
 
 
 def _attention(model, b: Attention, p, x, cache, ctx, mode):
     c, t = model.config, x.shape[0]
     hq, hkv, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
     qkv = x @ p["wqkv"]
-    q = qkv[:, : hq * hd].reshape(t, hq, hd)
-    k = qkv[:, hq * hd : (hq + hkv) * hd].reshape(t, hkv, hd)
-    v = qkv[:, (hq + hkv) * hd :].reshape(t, hkv, hd)
+    qw = 2 * hq if b.gated else hq  # gated: each head's q projection is [q_h | gate_h]
+    qh = qkv[:, : qw * hd].reshape(t, hq, -1)
+    q, gate = qh[..., :hd], qh[..., hd:].reshape(t, -1)
+    k = qkv[:, qw * hd : (qw + hkv) * hd].reshape(t, hkv, hd)
+    v = qkv[:, (qw + hkv) * hd :].reshape(t, hkv, hd)
     if b.qk_norm:
-        q, k = rms_norm(q, p["q_norm"], b.rms_eps), rms_norm(k, p["k_norm"], b.rms_eps)
-    if b.rope:
-        q, k = rope(q, ctx["positions"], b.rope_theta), rope(k, ctx["positions"], b.rope_theta)
-    bs = model.kv_block_size
+        eps, off = b.rms_eps, b.norm_offset
+        q, k = rms_norm(q, p["q_norm"], eps, off), rms_norm(k, p["k_norm"], eps, off)
     pos = ctx["positions"]
+    if b.rope and b.rope_inv_freq is not None:
+        q = rope_table(q, pos, b.rope_inv_freq, b.rope_scaling)
+        k = rope_table(k, pos, b.rope_inv_freq, b.rope_scaling)
+    elif b.rope:
+        q, k = rope(q, pos, b.rope_theta, b.rotary_dim), rope(k, pos, b.rope_theta, b.rotary_dim)
+    bs = model.kv_block_size
     slots = ctx["block_tables"][ctx["seq_ids"], pos // bs] * bs + pos % bs
     nb = cache["k"].shape[0]
     flat = lambda a: a.reshape(nb * bs, hkv, hd)  # noqa: E731
@@ -134,7 +152,10 @@ def _attention(model, b: Attention, p, x, cache, ctx, mode):
         o = splitk_decode_attention(q.astype(BF16), cache["k"], cache["v"], ctx["block_tables"],
                                     ctx["seq_lens"], levers=model.levers, target=model.target,
                                     interpret=model.interpret)  # fmt: skip
-    return cache, o.reshape(t, hq * hd) @ p["wo"]
+    o = o.reshape(t, hq * hd)
+    if b.gated:
+        o = (o.astype(F32) * jax.nn.sigmoid(gate.astype(F32))).astype(BF16)
+    return cache, o @ p["wo"]
 
 
 def _mlp(b: MLP, p, x):
@@ -173,17 +194,112 @@ def _moe(model: ArenaLM, b: MoE, p, x):
     return out
 
 
+def _mamba(model, b: Mamba2, p, x, cache, ctx, mode):
+    """in_proj -> causal conv -> SSD (the standalone kernels) -> gated grouped RMSNorm ->
+    out_proj; the conv window and SSM state in the cache, as `Mamba2` keeps them."""
+    c, t = model.config, x.shape[0]
+    d_in, d_xbc, g, n = c.mamba2_d_inner, c.mamba2_d_xbc, c.n_groups, c.ssm_state_size
+    zx = (x @ p["in_proj"]).astype(F32)
+    z, xbc, dt = zx[:, :d_in], zx[:, d_in : d_in + d_xbc], zx[:, d_in + d_xbc :]
+    w = p["conv_w"].astype(F32)
+    if mode == "prefill":
+        cu, seq = ctx["cu_seqlens"], ctx["seq_ids"]
+        idx = jnp.arange(t, dtype=I32)
+        conv = xbc * w[CONV_KERNEL - 1]
+        for j in range(1, CONV_KERNEL):
+            same = (idx >= j) & (jnp.roll(seq, j) == seq)
+            conv = conv + jnp.where(same[:, None], jnp.roll(xbc, j, 0), 0.0) * w[-1 - j]
+        last = [cu[1:] - j for j in range(CONV_KERNEL - 1, 0, -1)]
+        win = jnp.stack([jnp.where((i >= cu[:-1])[:, None], xbc[jnp.maximum(i, 0)], 0.0)
+                         for i in last], 1)  # fmt: skip
+        conv_cache = cache["conv"].at[: win.shape[0]].set(win)
+    else:
+        window = jnp.concatenate([cache["conv"][:t], xbc[:, None, :]], axis=1)
+        conv = jnp.einsum("bkd,kd->bd", window, w)
+        conv_cache = cache["conv"].at[:t].set(window[:, 1:])
+    xbc = jax.nn.silu(conv + p["conv_b"].astype(F32))
+    xs = xbc[:, :d_in].reshape(t, c.mamba_num_heads, c.mamba_head_dim)
+    bb = xbc[:, d_in : d_in + g * n].reshape(t, g, n)
+    cc = xbc[:, d_in + g * n :].reshape(t, g, n)
+    a = -jnp.exp(p["A_log"].astype(F32))
+    kw = dict(D=p["D"].astype(F32), dt_bias=p["dt_bias"].astype(F32), dt_softplus=True,
+              interpret=model.interpret)  # fmt: skip
+    if mode == "prefill":
+        y, final = ssd_chunked_scan(xs.astype(BF16), dt, a, bb, cc, chunk_size=64,
+                                    cu_seqlens=ctx["cu_seqlens"], **kw)  # fmt: skip
+        state = cache["state"].at[: final.shape[0]].set(final)
+    else:
+        y, state = ssd_state_update(cache["state"], xs, dt, a, bb, cc, **kw)
+    y = y.reshape(t, d_in).astype(F32) * jax.nn.silu(z)
+    y = rms_norm(y.reshape(t, g, -1), p["gate_norm"].reshape(g, -1), b.rms_eps)
+    return {"state": state, "conv": conv_cache}, y.reshape(t, d_in).astype(BF16) @ p["out_proj"]
+
+
+def _gdn(model, b: GatedDeltaNet, p, x, cache, ctx, mode):
+    """in_proj -> causal conv -> delta rule (the standalone kernels) -> gated RMSNorm ->
+    out_proj; the conv window and state in the cache, as `GatedDeltaNet` keeps them."""
+    c, t, kk = model.config, x.shape[0], b.conv_kernel
+    nk, dk, nv, dv = (c.linear_num_key_heads, c.linear_key_head_dim, c.linear_num_value_heads,
+                      c.linear_value_head_dim)  # fmt: skip
+    qkvz, ba = (x @ p["w_qkvz"]).astype(F32), (x @ p["w_ba"]).astype(F32)
+    if b.interleaved:
+        parts = jnp.split(qkvz.reshape(t, nk, -1), np.cumsum([dk, dk, nv // nk * dv]), -1)
+        qkvz = jnp.concatenate([a.reshape(t, -1) for a in parts], -1)
+        ba = ba.reshape(t, nk, 2, nv // nk)
+        bb, aa = ba[:, :, 0].reshape(t, nv), ba[:, :, 1].reshape(t, nv)
+    else:
+        bb, aa = ba[:, :nv], ba[:, nv:]
+    cut = 2 * nk * dk + nv * dv
+    xs, z = qkvz[:, :cut], qkvz[:, cut:]
+    w = p["conv_w"].astype(F32)
+    if mode == "prefill":
+        cu, seq = ctx["cu_seqlens"], ctx["seq_ids"]
+        idx = jnp.arange(t, dtype=I32)
+        conv = xs * w[kk - 1]
+        for j in range(1, kk):
+            same = (idx >= j) & (jnp.roll(seq, j) == seq)
+            conv = conv + jnp.where(same[:, None], jnp.roll(xs, j, 0), 0.0) * w[kk - 1 - j]
+        win = jnp.stack([jnp.where((cu[1:] - j >= cu[:-1])[:, None],
+                                   xs[jnp.maximum(cu[1:] - j, 0)], 0.0)
+                         for j in range(kk - 1, 0, -1)], 1)  # fmt: skip
+        conv_cache = cache["conv"].at[: win.shape[0]].set(win)
+    else:
+        window = jnp.concatenate([cache["conv"][:t], xs[:, None, :]], axis=1)
+        conv = jnp.einsum("bkd,kd->bd", window, w)
+        conv_cache = cache["conv"].at[:t].set(window[:, 1:])
+    conv = jax.nn.silu(conv)
+    kd = nk * dk
+    q, k = conv[:, :kd].reshape(t, nk, dk), conv[:, kd : 2 * kd].reshape(t, nk, dk)
+    v = conv[:, 2 * kd :].reshape(t, nv, dv)
+    beta = jax.nn.sigmoid(bb)
+    g = -jnp.exp(p["A_log"].astype(F32)) * jax.nn.softplus(aa + p["dt_bias"].astype(F32))
+    if mode == "prefill":
+        o, final = gdn_chunked(q, k, v, g, beta, cu_seqlens=ctx["cu_seqlens"],
+                               use_qk_l2norm=True, interpret=model.interpret)  # fmt: skip
+        state = cache["state"].at[: final.shape[0]].set(final)
+    else:
+        o, state = gdn_state_update(cache["state"], q, k, v, g, beta, use_qk_l2norm=True,
+                                    interpret=model.interpret)  # fmt: skip
+    y = rms_norm(o.astype(F32), p["gate_norm"].astype(F32), b.rms_eps)
+    y = (y * jax.nn.silu(z.reshape(t, nv, dv))).reshape(t, nv * dv)
+    return {"state": state, "conv": conv_cache}, y.astype(BF16) @ p["out_proj"]
+
+
 def _blocks(model: ArenaLM, params, caches, tokens, ctx, mode):
     _check_blocks(model)
     eps = model.arch.rms_eps
     x = params["embed"][tokens].astype(F32)
     out = {}
     for key, b, p in zip(model.arch.cache_keys, model.arch.blocks, params["layers"], strict=True):
-        h = rms_norm(x, p["norm"], eps).astype(BF16)
+        h = rms_norm(x, p["norm"], eps, model.arch.norm_offset).astype(BF16)
         if isinstance(b, Attention):
             out[key], y = _attention(model, b, p, h, caches[key], ctx, mode)
         elif isinstance(b, MoE):
             out[key], y = caches[key], _moe(model, b, p, h)
+        elif isinstance(b, Mamba2):
+            out[key], y = _mamba(model, b, p, h, caches[key], ctx, mode)
+        elif isinstance(b, GatedDeltaNet):
+            out[key], y = _gdn(model, b, p, h, caches[key], ctx, mode)
         else:
             out[key], y = caches[key], _mlp(b, p, h)
         x = x + y.astype(F32)
@@ -191,7 +307,7 @@ def _blocks(model: ArenaLM, params, caches, tokens, ctx, mode):
 
 
 def _head(model: ArenaLM, params, x):
-    h = rms_norm(x, params["final_norm"], model.arch.rms_eps).astype(BF16)
+    h = rms_norm(x, params["final_norm"], model.arch.rms_eps, model.arch.norm_offset).astype(BF16)
     head = params["embed"].T if model.arch.tie_embeddings else params["lm_head"]
     return (h @ head).astype(F32)
 

@@ -45,6 +45,10 @@ MODELS = {
     "mamba2": json.loads((PRESETS / "mamba2-2.7b.json").read_text()),
     "nemotron_h": json.loads((PRESETS / "nemotron-h-8b.json").read_text()),
     "qwen3_moe": QWEN3_30B_A3B,
+    # Qwen3-Next-80B's widths with dense MLPs (the MoE block is measured as qwen3_moe).
+    "qwen3_next": dict(
+        json.loads((PRESETS / "qwen3-next-80b-a3b.json").read_text()), num_experts=0
+    ),
 }
 
 
@@ -54,7 +58,13 @@ def _compile(fn, *args, target, donate):
 
 
 def _plain_runs(m) -> bool:
-    return set(m.arch.kinds) <= {"attention", "mlp", "moe"}  # the plain step has no Mamba block
+    return set(m.arch.kinds) <= {
+        "attention",
+        "mlp",
+        "moe",
+        "mamba",
+        "gdn",
+    }  # the plain step's blocks
 
 
 def decode_costs(raw, *, batch, target, plain=True, max_seq_len=4096):

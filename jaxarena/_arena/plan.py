@@ -20,6 +20,7 @@ import numpy as np
 
 from jaxarena._arena import packing
 from jaxarena._arena.lifetimes import Lifetimes
+from jaxarena._arena.record import emit
 from jaxarena._errors import ArenaError
 from jaxarena._units import ROW_BYTES, as_index, format_bytes, plural
 from jaxarena._units import is_pow2 as _is_pow2
@@ -284,6 +285,14 @@ class ArenaPlan:
           arena: when given, it must be this plan's arena (`uint8[arena_shape]`).
           what: the caller, named at the head of the message.
 
+        When it all fits, every region of `uses` is reported to `record_lifetimes` as viewed
+        and then written, here: a kernel that reads or writes its regions in place (the whole
+        arena aliased) makes no `view` or `write` of its own, and without these events a
+        recording would leave its regions out (or end a region's life before the kernel
+        reads it). Conservative, never too short: a region nothing wrote before counts as an
+        input (live from the start of the pass), and one a kernel only uses as scratch stays
+        live to the end of the pass.
+
         Raises:
           ArenaError: listing every problem at once: a region not in the plan, an array larger
             than its region (what the region holds and what is needed), an arena that is not
@@ -296,6 +305,9 @@ class ArenaPlan:
                 + "\n  - ".join(problems)
                 + "\nsize the plan (BufferSizes.from_config) for these shapes"
             )
+        for use in uses:
+            emit("view", use[0])
+            emit("write", use[0])
 
     def view(self, arena: jax.Array, name: str, shape: Any, dtype: Any) -> jax.Array:
         """Reads the start of region `name` as a `dtype` array of `shape`.
@@ -359,8 +371,9 @@ class ArenaPlan:
 
     @classmethod
     def packed(
-        cls, sizes: Any, lifetimes: Lifetimes, *, align_bytes: int = 256, guard_bytes: int = 0
-    ) -> ArenaPlan:
+        cls, sizes: Any, lifetimes: Lifetimes, *, align_bytes: int = 256, guard_bytes: int = 0,
+        drop_unnamed: bool = False,
+    ) -> ArenaPlan:  # fmt: skip
         """Lets buffers that are never live at the same step share bytes.
 
         Two buffers get disjoint bytes iff their `lifetimes` intersect in some mode; buffers
@@ -376,12 +389,24 @@ class ArenaPlan:
           align_bytes: alignment of every region offset (a power of two).
           guard_bytes: guard band after every region; no region ever covers another's guard,
             so `check_guards` stays meaningful on a packed arena.
+          drop_unnamed: buffers `lifetimes` does not name get no region at all, instead of
+            bytes of their own. For a plan built for one model from the recorded lifetimes of
+            all its steps: a buffer no step views or writes is one its blocks never use (the
+            seed sizes every buffer of every architecture). A step that does touch a dropped
+            buffer then fails at trace time with the ArenaError "no region named ...".
+            `sizes` itself (`jaxarena.sizing`) is unchanged.
 
         Returns:
           The plan; `plan.lifetimes` keeps `lifetimes` (used by `lower_bound_bytes` and
           `validate`). Steps run on it exactly as on a sequential plan (views, writes,
           donation), as long as they respect the lifetimes.
         """
+        if not isinstance(drop_unnamed, bool):
+            raise ArenaError(f"drop_unnamed={drop_unnamed!r} must be a bool")
+        if drop_unnamed:
+            if not isinstance(lifetimes, Lifetimes):
+                raise ArenaError(f"lifetimes must be a Lifetimes, got {type(lifetimes).__name__}")
+            sizes = {n: b for n, b in _size_items(sizes) if n in lifetimes}
         layout, total, may_alias = packing.packed_layout(
             sizes, lifetimes, align_bytes=align_bytes, guard_bytes=guard_bytes
         )

@@ -379,7 +379,8 @@ def load_pretrained(
       target, levers: as for `BufferSizes.from_config`; default `gb10` and no levers, so the
         plan does not depend on the machine or the environment.
       packed: share bytes between buffers never live together (`ArenaPlan.packed` from the
-        recorded lifetimes of prefill and decode); else every buffer has its own bytes.
+        recorded lifetimes of prefill and decode), and give none to the buffers neither step
+        uses; else every buffer of the seed's sizes has its own bytes.
       interpret: Pallas interpret mode (None: on CPU).
       scan_layers: run runs of identical layers under one `lax.scan` each (`ArenaLM`;
         compile time near that of one period); the weights are stacked on the host, before
@@ -438,7 +439,8 @@ def load_pretrained(
 
 def _packed_plan(model: ArenaLM, sizes: BufferSizes, params, caches, tables) -> ArenaPlan:
     """A packed plan from the recorded lifetimes of prefill (all-token logits, the larger
-    write) and decode."""
+    write) and decode; buffers neither step views or writes get no region (`drop_unnamed`:
+    under the step rule most of the seed's activation buffers are XLA values)."""
     arena = jax.ShapeDtypeStruct(model.plan.arena_shape, jnp.uint8)
     t, s = model.max_batch_tokens, model.max_batch_size + 1
     tok = jax.ShapeDtypeStruct((t,), jnp.int32)
@@ -448,6 +450,6 @@ def _packed_plan(model: ArenaLM, sizes: BufferSizes, params, caches, tables) -> 
                           caches, tok, cu, tables[:s], mode="prefill")  # fmt: skip
     lt = lt | record_lifetimes(model.decode_step, params, arena, caches, rows, rows,
                                tables[: model.max_batch_size], rows, mode="decode")  # fmt: skip
-    plan = ArenaPlan.packed(sizes, lt, guard_bytes=_GUARD_BYTES)
+    plan = ArenaPlan.packed(sizes, lt, guard_bytes=_GUARD_BYTES, drop_unnamed=True)
     plan.validate(lt)
     return plan

@@ -348,3 +348,42 @@ def test_a_packed_arena_runs_a_recorded_step_bit_identically():
         outs.append(np.asarray(plan.view(arena, "out", (256,), jnp.float32)))
         assert np.array_equal(np.asarray(plan.view(arena, "keep", (128,), jnp.float32)), keep)
     np.testing.assert_array_equal(outs[0], outs[1])
+
+
+def test_drop_unnamed_leaves_out_the_buffers_no_step_uses():
+    """`drop_unnamed=True`: only the named buffers get regions (packed as usual); a step
+    touching a dropped one fails at trace time; the flag must be a bool."""
+    sizes = {"a": 1000, "b": 600, "unused": 5000}
+    lt = Lifetimes({"a": [("m", 0, 1)], "b": [("m", 1, 2)]})
+    kept = ArenaPlan.packed(sizes, lt, align_bytes=4)
+    plan = ArenaPlan.packed(sizes, lt, align_bytes=4, drop_unnamed=True)
+    assert set(kept.regions) == {"a", "b", "unused"}
+    assert set(plan.regions) == {"a", "b"}
+    assert (
+        plan.total_bytes == ArenaPlan.packed({"a": 1000, "b": 600}, lt, align_bytes=4).total_bytes
+    )
+    assert plan.total_bytes < ArenaPlan.sequential({"a": 1000, "b": 600}, align_bytes=4).total_bytes
+    with pytest.raises(ArenaError, match="no region named 'unused'"):
+        plan.view(plan.allocate(), "unused", (4,), jnp.uint8)
+    with pytest.raises(ArenaError, match="drop_unnamed"):
+        ArenaPlan.packed(sizes, lt, drop_unnamed=1)
+
+
+def test_check_fits_is_recorded_as_a_view_then_a_write():
+    """A kernel's `_into` form touches its regions through the aliased arena, not through
+    `view`/`write`; its `check_fits` call is what `record_lifetimes` hears, so the region
+    is named and lives up to its last view (or to the end when none follows)."""
+    plan = ArenaPlan.sequential({"scratch": 256, "out": 256, "other": 256})
+
+    def step(arena):
+        plan.check_fits(("scratch", (64,), jnp.float32), ("out", (64,), jnp.float32))
+        y = plan.view(arena, "out", (64,), jnp.float32)
+        return plan.write(arena, "other", y)
+
+    lt = record_lifetimes(step, jax.ShapeDtypeStruct(plan.arena_shape, jnp.uint8), mode="m")
+    assert {"scratch", "out", "other"} <= set(lt.live)
+    # Events: view/write scratch (0, 1), view/write out (2, 3), view out (4), write other (5).
+    # A view with no write before it counts as an input (live from step 0): the kernel may
+    # read what the region held, so the recording stays conservative.
+    assert lt.intervals("out") == (("m", 0, 5),)
+    assert lt.intervals("scratch") == (("m", 0, 6),)

@@ -27,7 +27,6 @@ import numpy as np
 from jaxarena import ArenaPlan, BufferSizes, Levers, ModelConfig, Target
 from jaxarena.models.blocks.base import Env, StepContext
 from jaxarena.models.blocks.gated_deltanet import GatedDeltaNet
-from jaxarena.models.core.arena import put
 
 CU = [0, 70, 100]
 BOUND = 0.005 + 2.0**-9
@@ -100,9 +99,8 @@ def test_block_prefill_then_decode_against_float64():
     ctx = StepContext(positions=idx - cu[seq], seq_ids=seq, block_tables=tables, cu_seqlens=cu)
     cache = block.init_cache(CFG, num_blocks=16, kv_block_size=16, rows=3)
 
-    def prefill(arena, cache, x):
-        arena = put(plan, arena, "norm_output", x)
-        return block.prefill(env, params, arena, cache, ctx)
+    def prefill(arena, cache, x):  # the block reads its (bf16-valued) input from ctx.x
+        return block.prefill(env, params, arena, cache, ctx._replace(x=x))
 
     arena, cache, out = jax.jit(prefill)(plan.allocate(), cache, jnp.asarray(x, jnp.float32))
     # Decode: one more token per sequence.
@@ -112,8 +110,7 @@ def test_block_prefill_then_decode_against_float64():
                        block_tables=tables, seq_lens=lens)  # fmt: skip
 
     def decode(arena, cache, x):
-        arena = put(plan, arena, "norm_output", x)
-        return block.decode(env, params, arena, cache, dctx)
+        return block.decode(env, params, arena, cache, dctx._replace(x=x))
 
     arena, cache2, out_d = jax.jit(decode)(arena, cache, jnp.asarray(xd, jnp.float32))
     for s, (a, b) in enumerate(itertools.pairwise(CU)):

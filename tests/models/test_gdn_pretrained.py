@@ -39,6 +39,7 @@ from lm_runs import CHECKPOINTS, reference
 from test_pretrained import U_BF16, decided_and_same_context, max_abs_logit, top2_gap
 
 from jaxarena import ModelConfig
+from jaxarena.models.blocks.base import StepContext
 from jaxarena.models.checkpoint import open_checkpoint
 from jaxarena.models.families.registry import family_for
 from pallas_kernels import gdn_state_update
@@ -139,13 +140,13 @@ def _bf16(x: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_gdn_regions_hold_what_the_block_docstring_says(runs, name):
-    """After a one-prompt prefill the GDN regions hold layer 0's values (the only GDN layer;
-    the attention layer writes none of them). Recomputed here in float64 from the checkpoint
-    and the stored bf16 projections: `ssm_qkvz` = the projection (bf16: relative 2^-8),
-    Qwen3-Next's `ssm_deinterleaved` = its regrouping (exact copy), `ssm_conv_out_f32` =
-    silu(conv1d of the sequential q|k|v),
-    `ssm_gates` = [g | beta], and the scratch's `gc` row = the within-chunk cumsum of g.
+def test_gdn_intermediates_are_what_the_block_docstring_says(runs, name):
+    """Layer 0's GDN intermediates for one prompt (the step rule keeps them as XLA values:
+    computed here by the block's own pieces on the stored pre-norm) against float64 from the
+    checkpoint: the projection rounded as `ssm_qkvz` stores it (bf16: relative 2^-8), Qwen3-Next's
+    regrouping to `[q | k | v | z]` (a copy), silu(conv1d of the sequential q|k|v) and
+    `[g | beta]` (float32, as `ssm_conv_out_f32` / `ssm_gates` hold them); after a prefill,
+    the arena's scratch `gc` row = the within-chunk cumsum of g.
     Bounds: f32 rounding of a few f32 operations on O(10) values (1e-5 absolute)."""
     lm = runs.lm(name)
     prompt = reference(name)["prompts"][3]
@@ -161,42 +162,43 @@ def test_gdn_regions_hold_what_the_block_docstring_says(runs, name):
         c.linear_num_value_heads // c.linear_num_key_heads,
     )
     conv_dim = 2 * nk * 128 + nv * 128
-
-    def view(name, shape, dt):
-        return np.asarray(plan.view(arena, name, shape, dt), np.float64)
-
-    qkvz = view("ssm_qkvz", (t, c.ssm_qkvz_size), jnp.bfloat16)
-    ba = view("ssm_ba", (t, 2 * nv), jnp.bfloat16)
-    # ssm_qkvz holds the projection of layer 0's normed input (a bf16 store of it).
+    # Layer 0's normed input, as the decoder rounds it (bf16).
     x = w["model.embed_tokens.weight"][prompt]
     h = x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6)
     h = _bf16(h * (1 + w["model.layers.0.input_layernorm.weight"]))
+    block, p0 = lm.model.arch.blocks[0], lm.params["layers"][0]
+    _, conv_in, z, ba = block._project(lm.model.env, p0, arena, jnp.asarray(h, jnp.float32), t)
+    qkvz = np.asarray(jnp.concatenate([conv_in, z], -1), np.float64)
+    ba = np.asarray(ba, np.float64)
     if name == "qwen3_next":
         proj = h @ w[pre + "in_proj_qkvz.weight"].T
-        # ssm_deinterleaved: per key-head group [q_g | k_g | v_g (r heads) | z_g (r heads)]
-        # regrouped as [all q | all k | all v | all z], a copy of the stored values.
-        groups = qkvz.reshape(t, nk, -1)
+        # Per key-head group [q_g | k_g | v_g (r heads) | z_g (r heads)], regrouped as
+        # [all q | all k | all v | all z].
+        groups = proj.reshape(t, nk, -1)
         cuts = [0, 128, 256, 256 + r * 128, 256 + 2 * r * 128]
-        seq = np.concatenate(
+        proj = np.concatenate(
             [groups[:, :, a:b].reshape(t, -1) for a, b in zip(cuts[:-1], cuts[1:], strict=True)], 1
         )
-        np.testing.assert_array_equal(view("ssm_deinterleaved", seq.shape, jnp.bfloat16), seq)
         ba4 = ba.reshape(t, nk, 2, r)
         b, a = ba4[:, :, 0].reshape(t, nv), ba4[:, :, 1].reshape(t, nv)
     else:
         proj = np.concatenate(
             [h @ w[pre + "in_proj_qkv.weight"].T, h @ w[pre + "in_proj_z.weight"].T], 1
         )
-        seq = qkvz
         b, a = ba[:, :nv], ba[:, nv:]
     np.testing.assert_allclose(qkvz, proj, atol=0, rtol=2**-8)
+    seq = qkvz
     taps = w[pre + "conv1d.weight"][:, 0, :]  # [conv_dim, 4]
     xin = np.concatenate([np.zeros((3, conv_dim)), seq[:, :conv_dim]])
     conv = sum(xin[j : j + t] * taps[:, j] for j in range(4))
-    np.testing.assert_allclose(view("ssm_conv_out_f32", (t, conv_dim), jnp.float32),
-                               conv / (1 + np.exp(-conv)), atol=1e-5, rtol=0)  # fmt: skip
+    ctx = StepContext(positions=jnp.arange(t, dtype=jnp.int32),
+                      seq_ids=jnp.zeros((t,), jnp.int32), block_tables=jnp.zeros((1, 1), jnp.int32),
+                      cu_seqlens=jnp.asarray([0, t], jnp.int32))  # fmt: skip
+    got, _ = block._prefill_conv(p0, conv_in, ctx)
+    np.testing.assert_allclose(np.asarray(got, np.float64), conv / (1 + np.exp(-conv)),
+                               atol=1e-5, rtol=0)  # fmt: skip
     g = -np.exp(w[pre + "A_log"]) * np.log1p(np.exp(a + w[pre + "dt_bias"]))
-    gates = view("ssm_gates", (t, 2 * nv), jnp.float32)
+    gates = np.concatenate(block._gates(lm.model.env, p0, jnp.asarray(ba), t), 1)
     np.testing.assert_allclose(gates, np.concatenate([g, 1 / (1 + np.exp(-b))], 1), atol=1e-5)
     lo = plan.regions["gdn_fla_scratch"].offset_bytes
     from jaxarena.workspaces import gdn_fla_scratch_layout

@@ -223,9 +223,18 @@ def test_packed_plan_gives_identical_results(setup, arena_run):
         model.prefill, params, arena, caches, toks, cu, tables, mode="prefill"
     ) | record_lifetimes(model.decode_step, params, arena, caches, pos, pos, tables, pos + 1,
                          mode="decode")  # fmt: skip
-    plan = ArenaPlan.packed(sizes, lifetimes, guard_bytes=64)
+    # Only the buffers the steps use (the kernels' own: FP8 activations, attention output,
+    # split-K partials, SSD scratch; the rest are XLA values under the step rule).
+    plan = ArenaPlan.packed(sizes, lifetimes, guard_bytes=64, drop_unnamed=True)
     plan.validate(lifetimes)
+    assert set(plan.regions) == set(lifetimes.live)
+    assert {"ssd_scratch", "splitk_workspace", "fp8_act"} <= set(plan.regions)
+    used = {n: model.plan.regions[n].nbytes for n in plan.regions}
+    assert plan.total_bytes <= ArenaPlan.sequential(used, guard_bytes=64).total_bytes
     assert plan.total_bytes < model.plan.total_bytes
+    # Regions live in different modes share bytes (without guard bands, which allow it only
+    # for regions ending at the same byte).
+    assert ArenaPlan.packed(used, lifetimes).total_bytes < ArenaPlan.sequential(used).total_bytes
     packed_model = HybridModel.create(cfg, max_batch_tokens=model.max_batch_tokens,
                                       max_seq_len=MAX_SEQ, kv_block_size=BLOCK,
                                       max_batch_size=b, plan=plan)  # fmt: skip

@@ -29,7 +29,6 @@ import pytest
 from jaxarena import ArenaPlan, BufferSizes, Levers, ModelConfig, Target
 from jaxarena.models.blocks.base import Env, StepContext
 from jaxarena.models.blocks.mla import MLA
-from jaxarena.models.core.arena import put
 from jaxarena.models.core.mla_rope import Yarn
 
 U = 2.0**-9
@@ -131,9 +130,8 @@ def test_absorbed_decode_equals_expanded_attention(name, levers_target):
                       block_tables=jnp.asarray(tables), seq_lens=jnp.asarray(POSITIONS + 1))  # fmt: skip
 
     @jax.jit
-    def step(params, arena, cache, x, ctx):
-        arena = put(plan, arena, "norm_output", x)
-        return block.decode(env, params, arena, cache, ctx)
+    def step(params, arena, cache, x, ctx):  # the block reads its (bf16-valued) input from ctx.x
+        return block.decode(env, params, arena, cache, ctx._replace(x=x))
 
     _, new_cache, out = step(params, plan.allocate(), cache, jnp.asarray(x), ctx)
     lat = np.asarray(new_cache["latent"].astype(jnp.float32))[:, :, 0]

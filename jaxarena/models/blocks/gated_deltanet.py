@@ -7,16 +7,17 @@
       scratch in `gdn_fla_scratch`; decode: the in-place `gdn_state_update` kernel)
     gated RMSNorm: rmsnorm(o) * w * silu(z) per value head -> out_proj
 
-Arena regions and what each holds after a step (T rows; `kd = Hk Dk`, `vd = Hv Dv`):
-- `ssm_qkvz` bf16 `[T, 2 kd + 2 vd]`: the q/k/v/z projection as the checkpoint lays it out
-  (Qwen3.5: `[q | k | v | z]`; Qwen3-Next: per key head `[q_h | k_h | v_h | z_h]`);
-- `ssm_ba` bf16 `[T, 2 Hv]`: the b/a projection (Qwen3.5 `[b | a]`, Qwen3-Next per key head);
-- `ssm_deinterleaved` bf16 `[T, 2 kd + 2 vd]`: Qwen3-Next only, the projection reordered to
-  `[q | k | v | z]` (transformers' `fix_query_key_value_ordering`; a copy, no rounding);
-- `ssm_conv_out_f32` f32 `[T, 2 kd + vd]`: silu(conv1d) of `[q | k | v]`;
-- `ssm_gates` f32 `[T, 2 Hv]`: `[g | beta]`;
-- `gdn_fla_scratch`: the chunked kernel's W | U | S | uc | gc (prefill only);
-- `attn_output` bf16 `[T, vd]`: the gated norm's output, the input of out_proj.
+Under the step rule (jaxarena/models/README.md, "what goes through the arena") the arena holds
+only the chunked kernel's scratch (`gdn_fla_scratch`, prefill) and the FP8 activation buffers.
+The other intermediates are XLA values, rounded as their regions would store them (T rows;
+`kd = Hk Dk`, `vd = Hv Dv`):
+- the q/k/v/z projection `[T, 2 kd + 2 vd]` as the checkpoint lays it out, bf16 like
+  `ssm_qkvz` (Qwen3.5: `[q | k | v | z]`; Qwen3-Next: per key head `[q_h | k_h | v_h | z_h]`,
+  reordered to `[q | k | v | z]`, transformers' `fix_query_key_value_ordering`, a copy);
+- the b/a projection `[T, 2 Hv]`, bf16 like `ssm_ba`;
+- silu(conv1d) of `[q | k | v]` and the gates `[g | beta]`, float32 like `ssm_conv_out_f32`
+  and `ssm_gates` (no rounding);
+- the gated norm's output `[T, vd]`, the input of out_proj, bf16 like `attn_output`.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import numpy as np
 from jaxarena import ModelConfig, workspaces
 from jaxarena.models.blocks.base import Block, Env, StepContext, dense_init
 from jaxarena.models.checkpoint import FLOAT_DTYPES
-from jaxarena.models.core.arena import F32, get, linear, put
+from jaxarena.models.core.arena import F32, linear, stored
 from jaxarena.models.core.norms import rms_norm
 from pallas_kernels import gdn_chunked_into, gdn_state_update
 
@@ -63,6 +64,7 @@ class GatedDeltaNet(Block):
     """
 
     kind: ClassVar[str] = "gdn"
+    input_in_ctx: ClassVar[bool] = True
     conv_kernel: int = 4
     rms_eps: float = 1e-6
     interleaved: bool = False
@@ -133,39 +135,27 @@ class GatedDeltaNet(Block):
 
     # -- pieces ------------------------------------------------------------------------------
 
-    def _project(self, env: Env, p, arena, t: int):
-        """in_proj into `ssm_qkvz` / `ssm_ba`; Qwen3-Next's also into `ssm_deinterleaved`."""
+    def _project(self, env: Env, p, arena, x, t: int):
+        """in_proj of the pre-normed rows `x`: returns `(arena, conv input [q | k | v], z,
+        ba)`, the projections rounded as `ssm_qkvz` / `ssm_ba` store them; Qwen3-Next's
+        reordered to `[q | k | v | z]` first."""
         c, plan, it = env.config, env.plan, env.interpret
         regions = workspaces.FP8_ACT_REGIONS
-        arena, qkvz = linear(plan, arena, "norm_output", (t, c.hidden_size), p["w_qkvz"],
-                             regions, interpret=it)  # fmt: skip
-        arena = put(plan, arena, "ssm_qkvz", qkvz)
-        arena, ba = linear(plan, arena, "norm_output", (t, c.hidden_size), p["w_ba"], regions,
-                           interpret=it)  # fmt: skip
-        arena = put(plan, arena, "ssm_ba", ba)
-        if self.interleaved:
-            nk, dk, nv, dv = _dims(c)
-            r = nv // nk
-            g = get(plan, arena, "ssm_qkvz", (t, c.ssm_qkvz_size)).reshape(t, nk, -1)
-            cuts = np.cumsum([dk, dk, r * dv])
-            q, k, v, z = jnp.split(g, cuts, axis=-1)
-            seq = jnp.concatenate([x.reshape(t, -1) for x in (q, k, v, z)], -1)
-            arena = put(plan, arena, "ssm_deinterleaved", seq)
-        return arena
-
-    def _qkvz(self, env: Env, arena, t: int):
-        """`[q | k | v]` (the conv input) and `z`, sequential, float32."""
-        c = env.config
+        h = c.hidden_size
+        arena, qkvz = linear(plan, arena, x, (t, h), p["w_qkvz"], regions, interpret=it)
+        arena, ba = linear(plan, arena, x, (t, h), p["w_ba"], regions, interpret=it)
+        qkvz, ba = stored(qkvz), stored(ba)
         nk, dk, nv, dv = _dims(c)
-        src = "ssm_deinterleaved" if self.interleaved else "ssm_qkvz"
-        x = get(env.plan, arena, src, (t, c.ssm_qkvz_size))
-        return x[:, : 2 * nk * dk + nv * dv], x[:, 2 * nk * dk + nv * dv :]
+        if self.interleaved:
+            g = qkvz.reshape(t, nk, -1)
+            q, k, v, z = jnp.split(g, np.cumsum([dk, dk, nv // nk * dv]), axis=-1)
+            qkvz = jnp.concatenate([a.reshape(t, -1) for a in (q, k, v, z)], -1)
+        cut = 2 * nk * dk + nv * dv
+        return arena, qkvz[:, :cut], qkvz[:, cut:], ba
 
-    def _gates(self, env: Env, p, arena, t: int):
-        """`[g | beta]` (f32) into `ssm_gates`; returns `(arena, g, beta)`, each `[T, Hv]`."""
-        c = env.config
-        nk, _, nv, _ = _dims(c)
-        ba = get(env.plan, arena, "ssm_ba", (t, 2 * nv))
+    def _gates(self, env: Env, p, ba, t: int):
+        """`(g, beta)`, each float32 `[T, Hv]`, from the b/a projection."""
+        nk, _, nv, _ = _dims(env.config)
         if self.interleaved:
             ba = ba.reshape(t, nk, 2, nv // nk)
             b, a = ba[:, :, 0].reshape(t, nv), ba[:, :, 1].reshape(t, nv)
@@ -173,81 +163,82 @@ class GatedDeltaNet(Block):
             b, a = ba[:, :nv], ba[:, nv:]
         beta = jax.nn.sigmoid(b)
         g = -jnp.exp(p["A_log"].astype(F32)) * jax.nn.softplus(a + p["dt_bias"].astype(F32))
-        arena = env.plan.write(arena, "ssm_gates", jnp.concatenate([g, beta], -1))
-        gb = env.plan.view(arena, "ssm_gates", (t, 2 * nv), F32)
-        return arena, gb[:, :nv], gb[:, nv:]
+        return g, beta
 
-    def _split_conv(self, env: Env, arena, t: int):
-        """q, k `[T, Hk, Dk]` and v `[T, Hv, Dv]` from `ssm_conv_out_f32`."""
+    def _split_conv(self, env: Env, x):
+        """q, k `[T, Hk, Dk]` and v `[T, Hv, Dv]` of silu(conv1d) `x`."""
         nk, dk, nv, dv = _dims(env.config)
-        x = env.plan.view(arena, "ssm_conv_out_f32", (t, 2 * nk * dk + nv * dv), F32)
-        kd = nk * dk
+        t, kd = x.shape[0], nk * dk
         return (x[:, :kd].reshape(t, nk, dk), x[:, kd : 2 * kd].reshape(t, nk, dk),
                 x[:, 2 * kd :].reshape(t, nv, dv))  # fmt: skip
 
-    def _out(self, env: Env, p, arena, o, t: int):
-        """Gated RMSNorm per value head into `attn_output`, then out_proj."""
-        c = env.config
-        _, _, nv, dv = _dims(c)
-        _, z = self._qkvz(env, arena, t)
+    def _out(self, env: Env, p, arena, o, z, t: int):
+        """Gated RMSNorm per value head (rounded as `attn_output` stores it), out_proj."""
+        _, _, nv, dv = _dims(env.config)
         y = rms_norm(o.reshape(t, nv, dv), p["gate_norm"].astype(F32), self.rms_eps)
-        y = y * jax.nn.silu(z.reshape(t, nv, dv))
-        arena = put(env.plan, arena, "attn_output", y.reshape(t, nv * dv))
-        return linear(env.plan, arena, "attn_output", (t, nv * dv), p["out_proj"],
+        y = stored((y * jax.nn.silu(z.reshape(t, nv, dv))).reshape(t, nv * dv))
+        return linear(env.plan, arena, y, (t, nv * dv), p["out_proj"],
                       workspaces.FP8_ACT_REGIONS, interpret=env.interpret)  # fmt: skip
+
+    def _prefill_conv(self, p, x, ctx: StepContext):
+        """silu(causal depthwise conv1d) of the conv input `x` within each packed sequence,
+        and the window decode starts from (each sequence's last `conv_kernel - 1` inputs,
+        zeros before its start): `(float32[T, conv_dim], float32[S, conv_kernel - 1,
+        conv_dim])`."""
+        kk, cu, seq = self.conv_kernel, ctx.cu_seqlens, ctx.seq_ids
+        idx = jnp.arange(x.shape[0], dtype=jnp.int32)
+        w = p["conv_w"].astype(F32)
+        # Tap j reads token t - j.
+        conv = x * w[kk - 1]
+        for j in range(1, kk):
+            same = (idx >= j) & (jnp.roll(seq, j) == seq)
+            conv = conv + jnp.where(same[:, None], jnp.roll(x, j, axis=0), 0.0) * w[kk - 1 - j]
+        win = []
+        for j in range(kk - 1, 0, -1):
+            pos = cu[1:] - j
+            win.append(jnp.where((pos >= cu[:-1])[:, None], x[jnp.maximum(pos, 0)], 0.0))
+        return jax.nn.silu(conv), jnp.stack(win, 1)
 
     # -- steps -------------------------------------------------------------------------------
 
     def prefill(self, env: Env, params, arena, cache, ctx: StepContext):
         """Conv and chunked delta rule within each packed sequence; rows `0..S-1` of the cache
         get each sequence's final state and conv window."""
-        p, t, kk = params, ctx.num_tokens, self.conv_kernel
-        cu, seq = ctx.cu_seqlens, ctx.seq_ids
-        s = cu.shape[0] - 1
-        idx = jnp.arange(t, dtype=jnp.int32)
-        arena = self._project(env, p, arena, t)
-        x, _ = self._qkvz(env, arena, t)
-        w = p["conv_w"].astype(F32)
-        # Causal depthwise conv within each sequence: tap j reads token t - j.
-        conv = x * w[kk - 1]
-        for j in range(1, kk):
-            same = (idx >= j) & (jnp.roll(seq, j) == seq)
-            conv = conv + jnp.where(same[:, None], jnp.roll(x, j, axis=0), 0.0) * w[kk - 1 - j]
-        # The window decode starts from: each sequence's last kk - 1 inputs (zeros before it).
-        win = []
-        for j in range(kk - 1, 0, -1):
-            pos = cu[1:] - j
-            win.append(jnp.where((pos >= cu[:-1])[:, None], x[jnp.maximum(pos, 0)], 0.0))
-        conv_cache = cache["conv"].at[:s].set(jnp.stack(win, 1))
+        p, t = params, ctx.num_tokens
+        s = ctx.cu_seqlens.shape[0] - 1
+        arena, x, z, ba = self._project(env, p, arena, ctx.x, t)
+        conv, win = self._prefill_conv(p, x, ctx)
+        conv_cache = cache["conv"].at[:s].set(win)
         conv_cache, arena = jax.lax.optimization_barrier((conv_cache, arena))
-        arena = env.plan.write(arena, "ssm_conv_out_f32", jax.nn.silu(conv))
-        arena, g, beta = self._gates(env, p, arena, t)
-        q, k, v = self._split_conv(env, arena, t)
+        g, beta = self._gates(env, p, ba, t)
+        q, k, v = self._split_conv(env, conv)
         arena, o, final = gdn_chunked_into(
-            arena, env.plan, q, k, v, g, beta, cu_seqlens=cu, use_qk_l2norm=True,
+            arena, env.plan, q, k, v, g, beta, cu_seqlens=ctx.cu_seqlens, use_qk_l2norm=True,
             interpret=env.interpret,
         )  # fmt: skip
         cache = {"state": cache["state"].at[:s].set(final), "conv": conv_cache}
         cache, arena = jax.lax.optimization_barrier((cache, arena))
-        arena, out = self._out(env, p, arena, o.astype(F32), t)
+        arena, out = self._out(env, p, arena, o.astype(F32), z, t)
         return arena, cache, out
 
     def decode(self, env: Env, params, arena, cache, ctx: StepContext):
         """One conv tap and one delta-rule state update per sequence (cache rows `0..B-1`)."""
         p, bsz = params, ctx.num_tokens
-        arena = self._project(env, p, arena, bsz)
-        x, _ = self._qkvz(env, arena, bsz)
-        window = jnp.concatenate([cache["conv"][:bsz], x[:, None, :]], axis=1)
-        conv = jnp.einsum("bkd,kd->bd", window, p["conv_w"].astype(F32))
-        conv_cache = cache["conv"].at[:bsz].set(window[:, 1:])
-        conv_cache, arena = jax.lax.optimization_barrier((conv_cache, arena))
-        arena = env.plan.write(arena, "ssm_conv_out_f32", jax.nn.silu(conv))
-        arena, g, beta = self._gates(env, p, arena, bsz)
-        q, k, v = self._split_conv(env, arena, bsz)
+        arena, x, z, ba = self._project(env, p, arena, ctx.x, bsz)
+        w, prev = p["conv_w"].astype(F32), cache["conv"][:bsz]
+        conv = jnp.einsum("bkd,kd->bd", prev, w[:-1]) + x * w[-1]
+        # The conv reads the old window before the shifted window is written over it: without
+        # the barrier XLA fuses both into one pass, which must first copy the (donated) conv
+        # cache (f32[B, kk - 1, conv_dim] of temp per layer: 768 KiB for Qwen3-Next at B = 8);
+        # with it, one more launch per layer.
+        conv, prev = jax.lax.optimization_barrier((conv, prev))
+        conv_cache = cache["conv"].at[:bsz].set(jnp.concatenate([prev[:, 1:], x[:, None]], 1))
+        g, beta = self._gates(env, p, ba, bsz)
+        q, k, v = self._split_conv(env, jax.nn.silu(conv))
         # Rows 0..B-1 of the (donated) state cache are updated in place.
         o, state = gdn_state_update(cache["state"], q, k, v, g, beta, use_qk_l2norm=True,
                                     interpret=env.interpret)  # fmt: skip
+        # No barrier: nothing here reads the arena (the FP8 products `linear` ties itself).
         cache = {"state": state, "conv": conv_cache}
-        cache, arena = jax.lax.optimization_barrier((cache, arena))
-        arena, out = self._out(env, p, arena, o.astype(F32), bsz)
+        arena, out = self._out(env, p, arena, o.astype(F32), z, bsz)
         return arena, cache, out

@@ -1,8 +1,11 @@
 """The Mamba-2 mixer: in_proj -> causal depthwise conv1d (kernel 4) -> SSD scan (prefill: the
 `ssd_chunked_scan` Pallas kernel with its scratch in `ssd_scratch`; decode: the one-step
 `ssd_state_update` kernel) -> gate with silu(z) -> grouped RMSNorm -> out_proj.
-Arena regions: `ssm_qkvz` (in_proj output), `ssm_deinterleaved` (conv output), `attn_output`
-(gated, normalised y), the FP8 activation buffers.
+Under the step rule (jaxarena/models/README.md, "what goes through the arena"): the arena holds
+only what a kernel writes in place, the SSD scratch (`ssd_scratch`, prefill) and the FP8
+activation buffers; the in_proj output, the conv output and the gated, normalised y are XLA
+values rounded to bf16 as their regions (`ssm_qkvz`, `ssm_deinterleaved`, `attn_output`) would
+store them, so the numbers are those of the stored form.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import numpy as np
 from jaxarena import ModelConfig, workspaces
 from jaxarena.models.blocks.base import Block, Env, StepContext, dense_init
 from jaxarena.models.checkpoint import FLOAT_DTYPES
-from jaxarena.models.core.arena import BF16, F32, get, linear, put
+from jaxarena.models.core.arena import BF16, F32, linear, stored
 from jaxarena.models.core.norms import rms_norm
 from pallas_kernels import ssd_chunked_scan_into, ssd_state_update
 
@@ -41,6 +44,7 @@ class Mamba2(Block):
     """
 
     kind: ClassVar[str] = "mamba"
+    input_in_ctx: ClassVar[bool] = True
     rms_eps: float = 1e-5
 
     def init_params(self, config: ModelConfig, keys: Iterator[jax.Array]) -> dict[str, Any]:
@@ -91,18 +95,15 @@ class Mamba2(Block):
 
     # -- pieces ------------------------------------------------------------------------------
 
-    def _in(self, env: Env, p, arena, t: int):
+    def _zxbcdt(self, env: Env, p, arena, x, t: int):
+        """in_proj of the pre-normed rows `x`, rounded as `ssm_qkvz` stores it, split into
+        z, xBC and dt; returns `(arena, z, xbc, dt)`."""
         c = env.config
-        arena, zx = linear(env.plan, arena, "norm_output", (t, c.hidden_size), p["in_proj"],
+        arena, zx = linear(env.plan, arena, x, (t, c.hidden_size), p["in_proj"],
                            workspaces.FP8_ACT_REGIONS, interpret=env.interpret)  # fmt: skip
-        return put(env.plan, arena, "ssm_qkvz", zx)
-
-    def _zxbcdt(self, env: Env, arena, t: int):
-        """The in_proj output in `ssm_qkvz`, split into z, xBC and dt."""
-        c = env.config
-        zx = get(env.plan, arena, "ssm_qkvz", (t, c.mamba2_in_proj_size))
+        zx = stored(zx)
         d_in, d_xbc = c.mamba2_d_inner, c.mamba2_d_xbc
-        return zx[:, :d_in], zx[:, d_in : d_in + d_xbc], zx[:, d_in + d_xbc :]
+        return arena, zx[:, :d_in], zx[:, d_in : d_in + d_xbc], zx[:, d_in + d_xbc :]
 
     def _split_xbc(self, env: Env, xbc):
         c = env.config
@@ -113,28 +114,26 @@ class Mamba2(Block):
         cc = xbc[:, d_in + gn :].reshape(t, c.n_groups, c.ssm_state_size)
         return x, b, cc
 
-    def _out(self, env: Env, p, arena, y, t: int):
-        """Gate y with silu(z), grouped RMSNorm, `attn_output`, out_proj."""
+    def _out(self, env: Env, p, arena, y, z, t: int):
+        """Gate y with silu(z), grouped RMSNorm (rounded as `attn_output` stores it),
+        out_proj."""
         c = env.config
-        z, _, _ = self._zxbcdt(env, arena, t)
         y = y.reshape(t, c.mamba2_d_inner) * jax.nn.silu(z)
         g = c.n_groups
         y = rms_norm(y.reshape(t, g, -1), p["gate_norm"].reshape(g, -1), self.rms_eps)
-        arena = put(env.plan, arena, "attn_output", y.reshape(t, -1))
-        return linear(env.plan, arena, "attn_output", (t, c.mamba2_d_inner), p["out_proj"],
-                      workspaces.FP8_ACT_REGIONS, interpret=env.interpret)  # fmt: skip
+        return linear(env.plan, arena, stored(y.reshape(t, -1)), (t, c.mamba2_d_inner),
+                      p["out_proj"], workspaces.FP8_ACT_REGIONS, interpret=env.interpret)  # fmt: skip
 
     # -- steps -------------------------------------------------------------------------------
 
     def prefill(self, env: Env, params, arena, cache, ctx: StepContext):
         """Conv and chunked SSD scan within each packed sequence; rows `0..S-1` of the cache
         get each sequence's final state and conv window."""
-        c, p, t = env.config, params, ctx.num_tokens
+        p, t = params, ctx.num_tokens
         cu, seq = ctx.cu_seqlens, ctx.seq_ids
         s = cu.shape[0] - 1
         idx = jnp.arange(t, dtype=jnp.int32)
-        arena = self._in(env, p, arena, t)
-        _, xbc_in, _ = self._zxbcdt(env, arena, t)
+        arena, z, xbc_in, dt = self._zxbcdt(env, p, arena, ctx.x, t)
         # Causal depthwise conv within each sequence: tap j reads token t - j.
         conv = p["conv_b"] + xbc_in * p["conv_w"][CONV_KERNEL - 1]
         for j in range(1, CONV_KERNEL):
@@ -150,10 +149,7 @@ class Mamba2(Block):
             win.append(jnp.where(ok[:, None], xbc_in[jnp.maximum(pos, 0)], 0.0))
         conv_cache = cache["conv"].at[:s].set(jnp.stack(win, 1))
         conv_cache, arena = jax.lax.optimization_barrier((conv_cache, arena))
-        arena = put(env.plan, arena, "ssm_deinterleaved", jax.nn.silu(conv))
-        xbc = get(env.plan, arena, "ssm_deinterleaved", (t, c.mamba2_d_xbc))
-        x, b, cc = self._split_xbc(env, xbc)
-        _, _, dt = self._zxbcdt(env, arena, t)
+        x, b, cc = self._split_xbc(env, stored(jax.nn.silu(conv)))  # as `ssm_deinterleaved`
         arena, y, final = ssd_chunked_scan_into(
             arena, env.plan, x.astype(BF16), dt, -jnp.exp(p["A_log"].astype(F32)), b, cc,
             D=p["D"].astype(F32), dt_bias=p["dt_bias"].astype(F32), dt_softplus=True,
@@ -161,22 +157,17 @@ class Mamba2(Block):
         )  # fmt: skip
         cache = {"state": cache["state"].at[:s].set(final), "conv": conv_cache}
         cache, arena = jax.lax.optimization_barrier((cache, arena))
-        arena, out = self._out(env, p, arena, y.astype(F32), t)
+        arena, out = self._out(env, p, arena, y.astype(F32), z, t)
         return arena, cache, out
 
     def decode(self, env: Env, params, arena, cache, ctx: StepContext):
         """One conv tap and one SSD state update per sequence (cache rows `0..B-1`)."""
-        c, p, bsz = env.config, params, ctx.num_tokens
-        arena = self._in(env, p, arena, bsz)
-        _, xbc_in, _ = self._zxbcdt(env, arena, bsz)
+        p, bsz = params, ctx.num_tokens
+        arena, z, xbc_in, dt = self._zxbcdt(env, p, arena, ctx.x, bsz)
         window = jnp.concatenate([cache["conv"][:bsz], xbc_in[:, None, :]], axis=1)
         conv = p["conv_b"] + jnp.einsum("bkd,kd->bd", window, p["conv_w"].astype(F32))
         conv_cache = cache["conv"].at[:bsz].set(window[:, 1:])
-        conv_cache, arena = jax.lax.optimization_barrier((conv_cache, arena))
-        arena = put(env.plan, arena, "ssm_deinterleaved", jax.nn.silu(conv))
-        x, b, cc = self._split_xbc(env, get(env.plan, arena, "ssm_deinterleaved",
-                                            (bsz, c.mamba2_d_xbc)))  # fmt: skip
-        _, _, dt = self._zxbcdt(env, arena, bsz)
+        x, b, cc = self._split_xbc(env, stored(jax.nn.silu(conv)))  # as `ssm_deinterleaved`
         # The decode-step kernel updates rows 0..bsz-1 of the (donated) state cache in place,
         # B and C per group, softplus(dt + dt_bias) as in the prefill scan.
         y, state = ssd_state_update(
@@ -184,7 +175,8 @@ class Mamba2(Block):
             D=p["D"].astype(F32), dt_bias=p["dt_bias"].astype(F32), dt_softplus=True,
             interpret=env.interpret,
         )  # fmt: skip
+        # No barrier: nothing here reads the arena (its only writes would be the FP8 buffers,
+        # whose products `linear` ties itself).
         cache = {"state": state, "conv": conv_cache}
-        cache, arena = jax.lax.optimization_barrier((cache, arena))
-        arena, out = self._out(env, p, arena, y.astype(BF16).astype(F32), bsz)
+        arena, out = self._out(env, p, arena, stored(y), z, bsz)
         return arena, cache, out

@@ -28,10 +28,13 @@ Softmax scale: `(nope + rope)^-1/2`, times YaRN's `mscale(factor, mscale_all_dim
 the config has YaRN with `mscale_all_dim` (transformers' `yarn_apply_mscale`); cos/sin carry
 YaRN's `attention_factor` (see `jaxarena.models.core.mla_rope`).
 
-Arena regions: `ssm_ba` (the normed q latent), `qkv_output` (`[q | c_raw | k_rope_raw]` rows),
-`ssm_qkvz` (prefill's expanded `[K | V]` rows), `ssm_deinterleaved` (decode's absorbed query),
-`attn_output` (decode's latent output `[B, H * kv_lora]`, then the `[T, H * v]` rows into
-`o_proj`), `splitk_workspace`, the FP8 activation buffers.
+Under the step rule (jaxarena/models/README.md, "what goes through the arena") the arena holds
+what the split-K kernel writes (decode's latent output `[B, H * kv_lora]` in `attn_output`,
+its partials in `splitk_workspace`) and the FP8 activation buffers. The rest are XLA values
+rounded to bf16 as their regions would store them: the normed q latent (`ssm_ba`), the
+`[q | c_raw | k_rope_raw]` rows (`qkv_output`), prefill's expanded `[K | V]` rows (`ssm_qkvz`),
+decode's absorbed query (`ssm_deinterleaved`) and the `[T, H * v]` rows into `o_proj`
+(`attn_output`).
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ import jax.numpy as jnp
 
 from jaxarena import ModelConfig, workspaces
 from jaxarena.models.blocks.base import Block, Env, StepContext, dense_init
-from jaxarena.models.core.arena import BF16, F32, dequant_weight, get, is_fp8, linear, put
+from jaxarena.models.core.arena import BF16, F32, dequant_weight, get, is_fp8, linear, stored
 from jaxarena.models.core.mla_rope import Yarn, inverse_frequencies, mla_rope
 from jaxarena.models.core.norms import rms_norm
 from pallas_kernels import splitk_decode_attention_into
@@ -83,6 +86,7 @@ class MLA(Block):
     """
 
     kind: ClassVar[str] = "mla"
+    input_in_ctx: ClassVar[bool] = True
     rope_theta: float = 10000.0
     rope_interleave: bool = True
     yarn: Yarn | None = None
@@ -143,27 +147,25 @@ class MLA(Block):
     # -- shared pieces -----------------------------------------------------------------------------
 
     def _project(self, env: Env, p, arena, ctx: StepContext):
-        """q and the raw latent into `qkv_output`; returns `(arena, q [T, H, nope + rope]
-        (RoPE applied), latent [T, kv_lora + rope] (normed c, RoPE'd key))`."""
-        c, t, plan, it = env.config, ctx.num_tokens, env.plan, env.interpret
+        """q and the raw latent of the pre-normed rows `ctx.x`, rounded as `qkv_output` stores
+        them; returns `(arena, q [T, H, nope + rope] (RoPE applied), latent
+        [T, kv_lora + rope] (normed c, RoPE'd key))`."""
+        c, t, plan, it, x = env.config, ctx.num_tokens, env.plan, env.interpret, ctx.x
         H, nope, rope, v, kv_lora, q_lora = mla_dims(c)
         h, regions = c.hidden_size, workspaces.FP8_ACT_REGIONS
         if q_lora:
-            arena, qa = linear(plan, arena, "norm_output", (t, h), p["wq_a"], regions,
-                               interpret=it)  # fmt: skip
-            arena = put(plan, arena, "ssm_ba", rms_norm(qa, p["q_a_norm"], self.rms_eps))
+            arena, qa = linear(plan, arena, x, (t, h), p["wq_a"], regions, interpret=it)
+            qa = stored(rms_norm(qa, p["q_a_norm"], self.rms_eps))  # as `ssm_ba` holds it
             # The q latent's width is no FP8 activation buffer's K: its bf16 rows are used.
-            arena, q = linear(plan, arena, "ssm_ba", (t, q_lora), p["wq_b"], None, interpret=it)
+            arena, q = linear(plan, arena, qa, (t, q_lora), p["wq_b"], None, interpret=it)
         else:
-            arena, q = linear(plan, arena, "norm_output", (t, h), p["wq"], regions, interpret=it)
-        arena, kv = linear(plan, arena, "norm_output", (t, h), p["wkv_a"], regions, interpret=it)
-        qw = H * (nope + rope)
-        arena = put(plan, arena, "qkv_output", jnp.concatenate([q, kv], -1))
-        rows = get(plan, arena, "qkv_output", (t, qw + kv_lora + rope))
-        q = rows[:, :qw].reshape(t, H, nope + rope)
+            arena, q = linear(plan, arena, x, (t, h), p["wq"], regions, interpret=it)
+        arena, kv = linear(plan, arena, x, (t, h), p["wkv_a"], regions, interpret=it)
+        q, kv = stored(q), stored(kv)
+        q = q.reshape(t, H, nope + rope)
         q = jnp.concatenate([q[..., :nope], self._rope(q[..., nope:], ctx.positions, rope)], -1)
-        lat = rms_norm(rows[:, qw : qw + kv_lora], p["kv_a_norm"], self.rms_eps)
-        k_rope = self._rope(rows[:, None, qw + kv_lora :], ctx.positions, rope)[:, 0]
+        lat = rms_norm(kv[:, :kv_lora], p["kv_a_norm"], self.rms_eps)
+        k_rope = self._rope(kv[:, None, kv_lora:], ctx.positions, rope)[:, 0]
         return arena, q, jnp.concatenate([lat, k_rope], -1)
 
     def _append(self, env: Env, cache, latent, ctx: StepContext):
@@ -191,18 +193,18 @@ class MLA(Block):
         return jnp.einsum(spec, x.astype(w.dtype), w, preferred_element_type=F32)
 
     def _out(self, env: Env, p, arena, o):
+        """`o_proj` of the `[T, H, v]` rows, rounded as `attn_output` would store them."""
         t = o.shape[0]
-        arena = put(env.plan, arena, "attn_output", o.reshape(t, -1))
-        return linear(env.plan, arena, "attn_output", (t, o.shape[1] * o.shape[2]), p["wo"],
-                      workspaces.FP8_ACT_REGIONS, interpret=env.interpret)  # fmt: skip
+        return linear(env.plan, arena, stored(o.reshape(t, -1)), (t, o.shape[1] * o.shape[2]),
+                      p["wo"], workspaces.FP8_ACT_REGIONS, interpret=env.interpret)  # fmt: skip
 
     # -- steps -------------------------------------------------------------------------------------
 
     def prefill(self, env: Env, params, arena, cache, ctx: StepContext):
         """Appends the prompts' latents; expanded causal attention within each packed sequence
-        (the keys and values expanded from the bf16 cache rows, through `ssm_qkvz`); `o_proj`.
-        Returns `(arena, cache, out)`."""
-        c, t, plan = env.config, ctx.num_tokens, env.plan
+        (the keys and values expanded from the bf16 cache rows, rounded as `ssm_qkvz` would
+        store them); `o_proj`. Returns `(arena, cache, out)`."""
+        c, t = env.config, ctx.num_tokens
         H, nope, rope, v, kv_lora, _ = mla_dims(c)
         arena, q, latent = self._project(env, params, arena, ctx)
         cache = self._append(env, cache, latent, ctx)
@@ -211,9 +213,7 @@ class MLA(Block):
         lat = latent.astype(BF16).astype(F32)
         kv = self._mul("tc,chd->thd", lat[:, :kv_lora], self._kv_b(params, c))
         kv = jnp.concatenate([kv[..., :nope].reshape(t, -1), kv[..., nope:].reshape(t, -1)], -1)
-        cache, arena = jax.lax.optimization_barrier((cache, arena))
-        arena = put(plan, arena, "ssm_qkvz", kv)
-        kv = get(plan, arena, "ssm_qkvz", (t, H * (nope + v)))
+        kv = stored(kv)  # as `ssm_qkvz` would hold it
         k_nope = kv[:, : H * nope].reshape(t, H, nope)
         val = kv[:, H * nope :].reshape(t, H, v)
         k_rope = lat[:, kv_lora:]
@@ -238,9 +238,8 @@ class MLA(Block):
         # a sliced W_uk would be a copy of the weight.
         q_pad = jnp.pad(q[..., :nope], ((0, 0), (0, 0), (0, v)))
         q_lat = self._mul("bhd,chd->bhc", q_pad, w)
-        cache, arena = jax.lax.optimization_barrier((cache, arena))
-        arena = put(plan, arena, "ssm_deinterleaved", jnp.concatenate([q_lat, q[..., nope:]], -1))
-        qa = plan.view(arena, "ssm_deinterleaved", (b, H, kv_lora + rope), BF16)
+        # The absorbed query, bf16 as `ssm_deinterleaved` would hold it.
+        qa = jnp.concatenate([q_lat, q[..., nope:]], -1).astype(BF16)
         arena = splitk_decode_attention_into(
             arena, plan, qa, cache["latent"], None, ctx.block_tables, ctx.seq_lens,
             num_splits=self._num_splits(env, b), sm_scale=self.sm_scale(c),
