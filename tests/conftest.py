@@ -24,3 +24,25 @@ from hypothesis import settings  # noqa: E402
 settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--one-case-per-test", action="store_true", default=False,
+        help="run only the first parametrization of each test function (CI's lowest-JAX job: "
+        "every test function on that JAX once; the full grids run in the other jobs)",
+    )  # fmt: skip
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.getoption("--one-case-per-test"):
+        return
+    seen: set[str] = set()
+    keep, drop = [], []
+    for item in items:
+        function = item.nodeid.split("[", 1)[0]
+        (drop if function in seen else keep).append(item)
+        seen.add(function)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
