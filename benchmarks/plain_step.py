@@ -25,7 +25,7 @@ import numpy as np
 from jaxarena import ArenaPlan, BufferSizes, Levers, ModelConfig, Target
 from jaxarena.models.blocks.attention import Attention
 from jaxarena.models.blocks.gated_deltanet import GatedDeltaNet
-from jaxarena.models.blocks.mamba2 import CONV_KERNEL, Mamba2
+from jaxarena.models.blocks.mamba2 import Mamba2
 from jaxarena.models.blocks.mlp import MLP
 from jaxarena.models.blocks.moe import MoE
 from jaxarena.models.blocks.moe_routing import combine, sort_by_expert
@@ -194,6 +194,26 @@ def _moe(model: ArenaLM, b: MoE, p, x):
     return out
 
 
+def _causal_conv(xs, w, conv_cache, ctx, mode):
+    """Depthwise causal conv1d of `xs [T, D]` with `w [K, D]` (the last row the current
+    token's): per packed sequence in prefill (the cache gets each sequence's last `K - 1` rows,
+    zeros before its start), over the cached window in decode. Returns `(conv, new cache)`."""
+    t, kk = xs.shape[0], w.shape[0]
+    if mode == "prefill":
+        cu, seq = ctx["cu_seqlens"], ctx["seq_ids"]
+        idx = jnp.arange(t, dtype=I32)
+        conv = xs * w[kk - 1]
+        for j in range(1, kk):
+            same = (idx >= j) & (jnp.roll(seq, j) == seq)
+            conv = conv + jnp.where(same[:, None], jnp.roll(xs, j, 0), 0.0) * w[kk - 1 - j]
+        win = jnp.stack([jnp.where((cu[1:] - j >= cu[:-1])[:, None],
+                                   xs[jnp.maximum(cu[1:] - j, 0)], 0.0)
+                         for j in range(kk - 1, 0, -1)], 1)  # fmt: skip
+        return conv, conv_cache.at[: win.shape[0]].set(win)
+    window = jnp.concatenate([conv_cache[:t], xs[:, None, :]], axis=1)
+    return jnp.einsum("bkd,kd->bd", window, w), conv_cache.at[:t].set(window[:, 1:])
+
+
 def _mamba(model, b: Mamba2, p, x, cache, ctx, mode):
     """in_proj -> causal conv -> SSD (the standalone kernels) -> gated grouped RMSNorm ->
     out_proj; the conv window and SSM state in the cache, as `Mamba2` keeps them."""
@@ -201,22 +221,7 @@ def _mamba(model, b: Mamba2, p, x, cache, ctx, mode):
     d_in, d_xbc, g, n = c.mamba2_d_inner, c.mamba2_d_xbc, c.n_groups, c.ssm_state_size
     zx = (x @ p["in_proj"]).astype(F32)
     z, xbc, dt = zx[:, :d_in], zx[:, d_in : d_in + d_xbc], zx[:, d_in + d_xbc :]
-    w = p["conv_w"].astype(F32)
-    if mode == "prefill":
-        cu, seq = ctx["cu_seqlens"], ctx["seq_ids"]
-        idx = jnp.arange(t, dtype=I32)
-        conv = xbc * w[CONV_KERNEL - 1]
-        for j in range(1, CONV_KERNEL):
-            same = (idx >= j) & (jnp.roll(seq, j) == seq)
-            conv = conv + jnp.where(same[:, None], jnp.roll(xbc, j, 0), 0.0) * w[-1 - j]
-        last = [cu[1:] - j for j in range(CONV_KERNEL - 1, 0, -1)]
-        win = jnp.stack([jnp.where((i >= cu[:-1])[:, None], xbc[jnp.maximum(i, 0)], 0.0)
-                         for i in last], 1)  # fmt: skip
-        conv_cache = cache["conv"].at[: win.shape[0]].set(win)
-    else:
-        window = jnp.concatenate([cache["conv"][:t], xbc[:, None, :]], axis=1)
-        conv = jnp.einsum("bkd,kd->bd", window, w)
-        conv_cache = cache["conv"].at[:t].set(window[:, 1:])
+    conv, conv_cache = _causal_conv(xbc, p["conv_w"].astype(F32), cache["conv"], ctx, mode)
     xbc = jax.nn.silu(conv + p["conv_b"].astype(F32))
     xs = xbc[:, :d_in].reshape(t, c.mamba_num_heads, c.mamba_head_dim)
     bb = xbc[:, d_in : d_in + g * n].reshape(t, g, n)
@@ -238,7 +243,7 @@ def _mamba(model, b: Mamba2, p, x, cache, ctx, mode):
 def _gdn(model, b: GatedDeltaNet, p, x, cache, ctx, mode):
     """in_proj -> causal conv -> delta rule (the standalone kernels) -> gated RMSNorm ->
     out_proj; the conv window and state in the cache, as `GatedDeltaNet` keeps them."""
-    c, t, kk = model.config, x.shape[0], b.conv_kernel
+    c, t = model.config, x.shape[0]
     nk, dk, nv, dv = (c.linear_num_key_heads, c.linear_key_head_dim, c.linear_num_value_heads,
                       c.linear_value_head_dim)  # fmt: skip
     qkvz, ba = (x @ p["w_qkvz"]).astype(F32), (x @ p["w_ba"]).astype(F32)
@@ -251,22 +256,7 @@ def _gdn(model, b: GatedDeltaNet, p, x, cache, ctx, mode):
         bb, aa = ba[:, :nv], ba[:, nv:]
     cut = 2 * nk * dk + nv * dv
     xs, z = qkvz[:, :cut], qkvz[:, cut:]
-    w = p["conv_w"].astype(F32)
-    if mode == "prefill":
-        cu, seq = ctx["cu_seqlens"], ctx["seq_ids"]
-        idx = jnp.arange(t, dtype=I32)
-        conv = xs * w[kk - 1]
-        for j in range(1, kk):
-            same = (idx >= j) & (jnp.roll(seq, j) == seq)
-            conv = conv + jnp.where(same[:, None], jnp.roll(xs, j, 0), 0.0) * w[kk - 1 - j]
-        win = jnp.stack([jnp.where((cu[1:] - j >= cu[:-1])[:, None],
-                                   xs[jnp.maximum(cu[1:] - j, 0)], 0.0)
-                         for j in range(kk - 1, 0, -1)], 1)  # fmt: skip
-        conv_cache = cache["conv"].at[: win.shape[0]].set(win)
-    else:
-        window = jnp.concatenate([cache["conv"][:t], xs[:, None, :]], axis=1)
-        conv = jnp.einsum("bkd,kd->bd", window, w)
-        conv_cache = cache["conv"].at[:t].set(window[:, 1:])
+    conv, conv_cache = _causal_conv(xs, p["conv_w"].astype(F32), cache["conv"], ctx, mode)
     conv = jax.nn.silu(conv)
     kd = nk * dk
     q, k = conv[:, :kd].reshape(t, nk, dk), conv[:, kd : 2 * kd].reshape(t, nk, dk)

@@ -4,6 +4,7 @@ shared by every test."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -58,3 +59,19 @@ class Runs:
                 ref=ref, prefill=prefill, tokens=tokens, logits=logits, forced=np.stack(forced)
             )
         return self._runs[name]
+
+
+def check_decode_in_place(lm, name: str) -> dict[str, int]:
+    """Generate again on another batch size (2 prompts, 3 tokens) with "donated buffers were
+    not usable" as an error: the decode step is still the one traced step, the arena stays at
+    its buffer, its guard bands are intact, and the arena and caches are aliased (written in
+    place). Returns the decode step's memory figures for further checks."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        lm.generate(reference(name)["prompts"][:2], 3)
+    assert lm.decode_counter.count == 1
+    assert lm.arena.unsafe_buffer_pointer() == lm.arena_pointer
+    assert lm.model.plan.check_guards(lm.arena) == []
+    mem = lm.step_memory("decode")
+    assert mem["alias"] >= lm.arena_bytes + lm.cache_bytes
+    return mem

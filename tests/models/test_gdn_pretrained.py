@@ -28,14 +28,13 @@ above (gain <= 1) does not hold.
 from __future__ import annotations
 
 import math
-import warnings
 
 import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-from lm_runs import CHECKPOINTS, reference
+from lm_runs import CHECKPOINTS, check_decode_in_place, reference
 from test_pretrained import U_BF16, decided_and_same_context, max_abs_logit, top2_gap
 
 from jaxarena import ModelConfig
@@ -102,14 +101,7 @@ def test_decode_loop_equals_teacher_forcing(runs, name):
 def test_decode_traced_once_in_place_guards_intact(runs, name):
     runs.run(name)
     lm = runs.lm(name)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # "donated buffers were not usable" would fail here
-        lm.generate(reference(name)["prompts"][:2], 3)
-    assert lm.decode_counter.count == 1
-    assert lm.arena.unsafe_buffer_pointer() == lm.arena_pointer
-    assert lm.model.plan.check_guards(lm.arena) == []
-    mem = lm.step_memory("decode")
-    assert mem["alias"] >= lm.arena_bytes + lm.cache_bytes
+    mem = check_decode_in_place(lm, name)
     # A copy of the arena would need at least its bytes of temp. On CPU the decode kernel
     # runs in the Pallas interpreter, which keeps its own copies of the state cache (measured:
     # 6.3 MB of temp with it, 2.1 MB with a jnp stand-in); that kernel's temp, compiled on its

@@ -35,12 +35,11 @@ from __future__ import annotations
 
 import json
 import math
-import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
-from lm_runs import CHECKPOINTS, LIMITS, reference
+from lm_runs import CHECKPOINTS, LIMITS, check_decode_in_place, reference
 from test_moe_models import QUIET_MARGIN, bf16_atol, decided, max_abs_logit, router_thresholds
 from test_moe_models import block_roundings as moe_block_roundings
 
@@ -127,14 +126,7 @@ def test_decode_loop_equals_teacher_forcing(runs, name):
 def test_decode_traced_once_in_place(runs, name):
     runs.run(name)
     lm = runs.lm(name)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # "donated buffers were not usable" would fail here
-        lm.generate(reference(name)["prompts"][:2], 3)
-    assert lm.decode_counter.count == 1
-    assert lm.arena.unsafe_buffer_pointer() == lm.arena_pointer
-    assert lm.model.plan.check_guards(lm.arena) == []
-    mem = lm.step_memory("decode")
-    assert mem["alias"] >= lm.arena_bytes + lm.cache_bytes
+    check_decode_in_place(lm, name)
 
 
 def test_decode_step_keeps_the_arena_in_place():
