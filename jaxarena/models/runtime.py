@@ -103,6 +103,9 @@ class CausalLM:
         `"prefill_chunk"` (chunked prefill), `"decode"`); near zero when an equal model in the process compiled it already.
       decode_counter: counts the traces of the decode step (`jaxarena.testing`).
       last_stats: figures of the last `generate` call (tokens, seconds).
+      compiler_options: XLA options for every step's compile (`Lowered.compile`), e.g.
+        `{"xla_backend_optimization_level": 0}` for quicker CPU compiles of small test
+        models; None: XLA's defaults.
     """
 
     model: ArenaLM
@@ -116,6 +119,7 @@ class CausalLM:
     arena_pointer: int = 0
     compile_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
     last_stats: dict[str, Any] = dataclasses.field(default_factory=dict)
+    compiler_options: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         # Counts the traces of the decode step (shared with every CausalLM of an equal model).
@@ -171,11 +175,13 @@ class CausalLM:
         key = (kind, _callable_key(fn), _abstract(args))
         if key not in self._compiled:
             t0 = time.perf_counter()
-            shared = (self.model, key, _abstract((self.params, self.arena, self.caches)))
+            options = tuple(sorted((self.compiler_options or {}).items()))
+            shared = (self.model, key, _abstract((self.params, self.arena, self.caches)), options)
             if shared not in _EXECUTABLES:
                 counter = count_traces(fn)
                 jitted = jax.jit(counter, donate_argnums=(1, 2))
-                compiled = jitted.lower(self.params, self.arena, self.caches, *args).compile()
+                lowered = jitted.lower(self.params, self.arena, self.caches, *args)
+                compiled = lowered.compile(compiler_options=self.compiler_options)
                 if len(_EXECUTABLES) >= _MAX_EXECUTABLES:
                     _EXECUTABLES.pop(next(iter(_EXECUTABLES)))
                 _EXECUTABLES[shared] = (compiled, counter)
@@ -368,6 +374,7 @@ def load_pretrained(
     packed: bool = False,
     interpret: bool | None = None,
     scan_layers: bool = False,
+    compiler_options: dict[str, Any] | None = None,
 ) -> CausalLM:
     """Loads a local HuggingFace checkpoint directory onto the default device with its arena.
 
@@ -385,6 +392,7 @@ def load_pretrained(
       scan_layers: run runs of identical layers under one `lax.scan` each (`ArenaLM`;
         compile time near that of one period); the weights are stacked on the host, before
         their one copy to the device.
+      compiler_options: XLA options for the steps' compiles (`CausalLM.compiler_options`).
 
     Returns:
       A `CausalLM` whose weights, arena and caches are on the device.
@@ -434,7 +442,8 @@ def load_pretrained(
     arena = model.plan.allocate()
     return CausalLM(model=model, params=params, path=str(root), model_type=model_type,
                     fp8=reader.fp8 is not None, arena=arena, caches=caches, block_tables=tables,
-                    arena_pointer=arena.unsafe_buffer_pointer())  # fmt: skip
+                    arena_pointer=arena.unsafe_buffer_pointer(),
+                    compiler_options=compiler_options)  # fmt: skip
 
 
 def _packed_plan(model: ArenaLM, sizes: BufferSizes, params, caches, tables) -> ArenaPlan:
