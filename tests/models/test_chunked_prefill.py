@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from lm_runs import CHECKPOINTS, LIMITS, NEW_TOKENS
+from lm_runs import CHECKPOINTS, FAST_CPU_COMPILE, LIMITS, NEW_TOKENS
 from test_pretrained import bf16_atol, decided_and_same_context, top2_gap
 
 from jaxarena.models import load_pretrained
@@ -30,7 +30,7 @@ def test_chunked_prefill_matches_one_pass(runs, name):
     prompts = [p for p in runs.run(name)["ref"]["prompts"] if len(p) > SMALL["max_batch_tokens"]]
     assert sum(map(len, prompts)) > 3 * SMALL["max_batch_tokens"]
     want_tokens, want = ref_lm.generate(prompts, NEW_TOKENS, return_logits=True)
-    lm = load_pretrained(CHECKPOINTS / name, **SMALL)
+    lm = load_pretrained(CHECKPOINTS / name, **SMALL, compiler_options=FAST_CPU_COMPILE)
     got_tokens, got = lm.generate(prompts, NEW_TOKENS, return_logits=True)
     assert "prefill_chunk" in lm.compile_seconds and "prefill" not in lm.compile_seconds
     atol = bf16_atol(ref_lm, runs.run(name)["ref"])
@@ -46,6 +46,6 @@ def test_chunked_prefill_matches_one_pass(runs, name):
 
 
 def test_chunked_prefill_of_a_mamba_model_is_refused():
-    lm = load_pretrained(CHECKPOINTS / "mamba2", **SMALL)
+    lm = load_pretrained(CHECKPOINTS / "mamba2", **SMALL, compiler_options=FAST_CPU_COMPILE)
     with pytest.raises(NotImplementedError, match="chunked prefill.*mamba"):
         lm.generate([list(range(1, 12))], 2)

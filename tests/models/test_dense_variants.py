@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from lm_runs import CHECKPOINTS, LIMITS, check_decode_in_place, reference
+from lm_runs import CHECKPOINTS, FAST_CPU_COMPILE, LIMITS, check_decode_in_place, reference
 
 from jaxarena import ModelConfig
 from jaxarena.models import load_pretrained
@@ -132,7 +132,7 @@ def test_sliding_window_that_never_binds_is_full_attention(tmp_path):
     cfg = json.loads((d / "config.json").read_text())
     cfg["sliding_window"] = LIMITS["max_seq_len"]
     (d / "config.json").write_text(json.dumps(cfg))
-    lm = load_pretrained(d, **LIMITS)
+    lm = load_pretrained(d, **LIMITS, compiler_options=FAST_CPU_COMPILE)
     assert {b.window for b in lm.model.arch.blocks[::2]} == {None}
 
 
@@ -160,7 +160,7 @@ def test_gemma3_conditional_generation_layout(runs, tmp_path):
     tensors["multi_modal_projector.mm_input_projection_weight"] = np.ones((8, 64),
                                                                           ml_dtypes.bfloat16)  # fmt: skip
     write_safetensors(d / "model.safetensors", tensors)
-    lm = load_pretrained(d, **LIMITS)
+    lm = load_pretrained(d, **LIMITS, compiler_options=FAST_CPU_COMPILE)
     assert lm.model.arch == runs.lm("gemma3_text").model.arch
     prompt = reference("gemma3_text")["prompts"][3]
     np.testing.assert_array_equal(lm.prefill_logits(prompt),
@@ -198,7 +198,7 @@ def test_attention_sinks_in_prefill_agree_with_split_k_decode():
 
     from jaxarena.models.runtime import CausalLM
 
-    base = load_pretrained(CHECKPOINTS / "llama", **LIMITS)
+    base = load_pretrained(CHECKPOINTS / "llama", **LIMITS, compiler_options=FAST_CPU_COMPILE)
     ref = reference("llama")
     arch = base.model.arch
     blocks = tuple(dataclasses.replace(b, sinks=True) if b.kind == "attention" else b
@@ -235,15 +235,24 @@ def test_rope_types_a_fixed_step_cannot_serve_are_refused_naming_the_file(tmp_pa
     dyn = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}
     d = _with_config(tmp_path, "llama3", rope_parameters=dyn, max_position_embeddings=16)
     with pytest.raises(NotImplementedError, match=r"config\.json: rope_type='dynamic'"):
-        load_pretrained(d, **LIMITS)
+        load_pretrained(d, **LIMITS, compiler_options=FAST_CPU_COMPILE)
     d = _with_config(tmp_path / "b", "llama3", rope_parameters=dyn, max_position_embeddings=64)
-    assert load_pretrained(d, **LIMITS).model.arch.blocks[0].rope_theta == 1e4  # unscaled
+    assert (
+        load_pretrained(d, **LIMITS, compiler_options=FAST_CPU_COMPILE)
+        .model.arch.blocks[0]
+        .rope_theta
+        == 1e4
+    )  # unscaled
 
 
 def test_yarn_and_partial_rotary_configs_build_their_tables(tmp_path):
     yarn = {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4,
             "original_max_position_embeddings": 32, "partial_rotary_factor": 0.5}  # fmt: skip
-    lm = load_pretrained(_with_config(tmp_path, "llama3", rope_parameters=yarn), **LIMITS)
+    lm = load_pretrained(
+        _with_config(tmp_path, "llama3", rope_parameters=yarn),
+        **LIMITS,
+        compiler_options=FAST_CPU_COMPILE,
+    )
     block = lm.model.arch.blocks[0]
     assert len(block.rope_inv_freq) == 4  # head_dim 16 x 0.5 = 8 rotated channels
     assert block.rope_scaling == pytest.approx(0.1 * math.log(4.0) + 1)
@@ -263,6 +272,8 @@ def test_the_fixtures_exercise_their_feature(runs, tmp_path, name, change):
     bound: the comparisons above could fail for an implementation that ignored it."""
     lm, ref = runs.lm(name), reference(name)
     bound = atol(lm, ref)
-    other = load_pretrained(_with_config(tmp_path, name, **change), **LIMITS)
+    other = load_pretrained(
+        _with_config(tmp_path, name, **change), **LIMITS, compiler_options=FAST_CPU_COMPILE
+    )
     got = other.prefill_logits(ref["prompts"][3])
     assert np.abs(got - ref["prefill"][3]).max() > bound

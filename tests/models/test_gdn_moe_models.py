@@ -39,7 +39,7 @@ import numpy as np
 import pytest
 import test_gdn_pretrained as gdn_tests
 import test_moe_models as moe_tests
-from lm_runs import CHECKPOINTS, LIMITS, check_decode_in_place
+from lm_runs import CHECKPOINTS, FAST_CPU_COMPILE, LIMITS, check_decode_in_place
 from test_pretrained import decided_and_same_context, max_abs_logit, top2_gap
 
 from jaxarena import ModelConfig
@@ -211,7 +211,10 @@ def test_conditional_generation_layout_reads_the_text_model(runs, tmp_path):
     top = {"model_type": "qwen3_5_moe", "architectures": ["Qwen3_5MoeForConditionalGeneration"],
            "tie_word_embeddings": text["tie_word_embeddings"], "text_config": text}  # fmt: skip
     (tmp_path / "config.json").write_text(json.dumps(top))
-    lm, want = load_pretrained(tmp_path, **LIMITS), runs.lm("qwen3_5_moe")
+    lm, want = (
+        load_pretrained(tmp_path, **LIMITS, compiler_options=FAST_CPU_COMPILE),
+        runs.lm("qwen3_5_moe"),
+    )
     assert lm.model.arch == want.model.arch
     for got, ref in zip(lm.params["layers"], want.params["layers"], strict=True):
         assert set(got) == set(ref)

@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-from lm_runs import CHECKPOINTS, check_decode_in_place, reference
+from lm_runs import CHECKPOINTS, FAST_CPU_COMPILE, check_decode_in_place, reference
 from test_pretrained import U_BF16, decided_and_same_context, max_abs_logit, top2_gap
 
 from jaxarena import ModelConfig
@@ -270,7 +270,7 @@ def test_conditional_generation_layout_reads_the_text_model(runs, tmp_path):
     top = {"model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"],
            "tie_word_embeddings": text["tie_word_embeddings"], "text_config": text}  # fmt: skip
     (tmp_path / "config.json").write_text(json.dumps(top))
-    lm = load_pretrained(tmp_path, **LIMITS)
+    lm = load_pretrained(tmp_path, **LIMITS, compiler_options=FAST_CPU_COMPILE)
     assert lm.model.arch == runs.lm("qwen3_5_text").model.arch
     prompt = reference("qwen3_5_text")["prompts"][2]
     np.testing.assert_array_equal(
@@ -286,7 +286,9 @@ def test_packed_plan_gives_identical_logits(runs):
     from jaxarena.models import load_pretrained
 
     seq = runs.lm("qwen3_next")
-    packed = load_pretrained(CHECKPOINTS / "qwen3_next", packed=True, **LIMITS)
+    packed = load_pretrained(
+        CHECKPOINTS / "qwen3_next", packed=True, **LIMITS, compiler_options=FAST_CPU_COMPILE
+    )
     assert packed.arena_bytes < seq.arena_bytes
     prompt = reference("qwen3_next")["prompts"][3]
     np.testing.assert_array_equal(packed.prefill_logits(prompt), seq.prefill_logits(prompt))

@@ -60,7 +60,7 @@ import math
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from lm_runs import CHECKPOINTS, LIMITS, check_decode_in_place
+from lm_runs import CHECKPOINTS, FAST_CPU_COMPILE, LIMITS, check_decode_in_place
 
 from jaxarena.models import load_pretrained
 from jaxarena.models.blocks.moe import MoE
@@ -175,7 +175,9 @@ def test_moe_chunked_prefill_matches_one_pass(runs):
     name = "mixtral"
     r, ref_lm = runs.run(name), runs.lm(name)
     ref = r["ref"]
-    lm = load_pretrained(CHECKPOINTS / name, **dict(LIMITS, max_batch_tokens=8))
+    lm = load_pretrained(
+        CHECKPOINTS / name, **dict(LIMITS, max_batch_tokens=8), compiler_options=FAST_CPU_COMPILE
+    )
     tokens, logits = lm.generate(ref["prompts"], 1, return_logits=True)
     assert "prefill_chunk" in lm.compile_seconds and "prefill" not in lm.compile_seconds
     tokens, logits = np.asarray(tokens)[:, 0], np.asarray(logits)[:, 0]

@@ -40,7 +40,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from lm_runs import CHECKPOINTS, LIMITS, NEW_TOKENS, check_decode_in_place, reference
+from lm_runs import (
+    CHECKPOINTS,
+    FAST_CPU_COMPILE,
+    LIMITS,
+    NEW_TOKENS,
+    check_decode_in_place,
+    reference,
+)
 
 from jaxarena import ArenaPlan, MemoryBudget
 from jaxarena.models import load_pretrained
@@ -158,7 +165,9 @@ def test_weights_are_bf16_and_their_bytes_are_the_budget(runs, name):
 
 def test_sharded_checkpoint_loads_the_same_weights(runs):
     one = runs.lm("llama")
-    sharded = load_pretrained(CHECKPOINTS / "llama_sharded", **LIMITS)
+    sharded = load_pretrained(
+        CHECKPOINTS / "llama_sharded", **LIMITS, compiler_options=FAST_CPU_COMPILE
+    )
     a, b = jax.tree.leaves(one.params), jax.tree.leaves(sharded.params)
     assert jax.tree.structure(one.params) == jax.tree.structure(sharded.params)
     for x, y in zip(a, b, strict=True):
@@ -170,7 +179,9 @@ def test_packed_plan_gives_identical_logits(runs):
     seed's activation buffers to XLA), shares bytes between those never live together, and
     computes the same bits."""
     seq = runs.lm("nemotron_h")
-    packed = load_pretrained(CHECKPOINTS / "nemotron_h", packed=True, **LIMITS)
+    packed = load_pretrained(
+        CHECKPOINTS / "nemotron_h", packed=True, **LIMITS, compiler_options=FAST_CPU_COMPILE
+    )
     plan, lt = packed.model.plan, packed.model.plan.lifetimes
     # Exactly the recorded buffers, the kernels' own among them; none of the XLA values.
     assert set(plan.regions) == set(lt.live)
@@ -308,7 +319,7 @@ def test_mistral_reads_the_llama_layout(runs, tmp_path):
     cfg = json.loads((d / "config.json").read_text())
     cfg.update(model_type="mistral", architectures=["MistralForCausalLM"], sliding_window=None)
     (d / "config.json").write_text(json.dumps(cfg))
-    mistral = load_pretrained(d, **LIMITS)
+    mistral = load_pretrained(d, **LIMITS, compiler_options=FAST_CPU_COMPILE)
     assert mistral.model_type == "mistral" and mistral.model == runs.lm("llama").model
     prompt = reference("llama")["prompts"][2]
     np.testing.assert_array_equal(
@@ -316,7 +327,7 @@ def test_mistral_reads_the_llama_layout(runs, tmp_path):
     )
     cfg.update(sliding_window=16)  # a window shorter than max_seq_len: every layer slides
     (d / "config.json").write_text(json.dumps(cfg))
-    windowed = load_pretrained(d, **LIMITS)
+    windowed = load_pretrained(d, **LIMITS, compiler_options=FAST_CPU_COMPILE)
     assert {b.window for b in windowed.model.arch.blocks[::2]} == {16}
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
-from lm_runs import CHECKPOINTS, LIMITS, NEW_TOKENS
+from lm_runs import CHECKPOINTS, FAST_CPU_COMPILE, LIMITS, NEW_TOKENS
 
 from jaxarena.models import load_pretrained
 from jaxarena.models.scan_layers import layer_runs
@@ -54,7 +54,9 @@ def test_scanned_steps_equal_unrolled(runs, name):
     tolerance is needed, and any difference is a bug (a wrong layer's weights or pages)."""
     r = runs.run(name)
     base = runs.lm(name)
-    lm = load_pretrained(CHECKPOINTS / name, **LIMITS, scan_layers=True)
+    lm = load_pretrained(
+        CHECKPOINTS / name, **LIMITS, scan_layers=True, compiler_options=FAST_CPU_COMPILE
+    )  # as the unrolled runs
     repeated = [run for run in lm.model.layer_runs if run[2] > 1]
     assert repeated, "the fixture must have a repeated run to test the scan"
     # The scanned layout: one cache entry per block of each run's first repetition.
