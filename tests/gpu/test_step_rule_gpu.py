@@ -103,7 +103,8 @@ def test_prefill_costs_no_more_than_the_plain_step(model):
     # step's temps is a 128 KiB `wrapped_slice` copy of the arena (the `attn_output` view
     # the o_proj reads) that the plain step does not have; not resolved. Kept visible.
     # Mamba-2: 4,589,336 vs 4,588,560 bytes here (its f32 `linear` outputs, as in decode),
-    # not asserted.
+    # not asserted. The DeepSeek-V3 fixture's config (an MLA + MoE layer) is under the same
+    # MoE xfail: 3,574,032 vs 3,540,240 bytes (+33,792, 1%) when written.
     if "moe" in model.arch.kinds and a.temp_bytes > p.temp_bytes:
         pytest.xfail(f"MoE prefill temp {a.temp_bytes} B > plain {p.temp_bytes} B")
     if "mamba" not in model.arch.kinds:
