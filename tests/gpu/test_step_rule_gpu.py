@@ -3,7 +3,8 @@ and decode steps, compiled for an H200 without a GPU, launch at most 1.15x the k
 same model written plainly (benchmarks/plain_step.py: the same blocks, weights and Pallas
 kernels, no arena) and need no more XLA temp than it. Tiny widths (CI) of a Qwen3 (attention,
 MLP), a Qwen3-MoE (the grouped GEMMs), a Mamba-2 model and a DeepSeek-V3 (the deepseek_v3
-fixture's config: MLA + dense MLP, MLA + routed MoE with a shared expert); the real widths are
+fixture's config: MLA + dense MLP, MLA + routed MoE with a shared expert; measured: decode
+74 vs 71 launches, temp 20,496 vs 142,608 B; prefill 76 vs 78); the real widths are
 benchmarks/step_costs.py's.
 """
 
