@@ -6,9 +6,9 @@ launches and temp of `ArenaLM.prefill` / `decode_step` vs these.
 Also builds an `ArenaLM` at real widths from a config dict without weights (abstract bf16
 parameters and caches, `jax.ShapeDtypeStruct`), for `compile_for_gpu`.
 
-Attention (gated and partial-RoPE included), MLP, MoE (bf16 experts on the same Pallas
-grouped GEMM), Mamba-2 and Gated DeltaNet blocks; `plain_*` raise NotImplementedError for the
-other blocks (MLA).
+Attention (gated and partial-RoPE included), MLA (absorbed split-K decode over the latent
+cache, the block's expanded einsum prefill), MLP, MoE (bf16 experts on the same Pallas grouped
+GEMM), Mamba-2 and Gated DeltaNet blocks; `plain_*` raise NotImplementedError for any other.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from jaxarena import ArenaPlan, BufferSizes, Levers, ModelConfig, Target
 from jaxarena.models.blocks.attention import Attention
 from jaxarena.models.blocks.gated_deltanet import GatedDeltaNet
 from jaxarena.models.blocks.mamba2 import Mamba2
+from jaxarena.models.blocks.mla import MLA, mla_dims
 from jaxarena.models.blocks.mlp import MLP
 from jaxarena.models.blocks.moe import MoE
 from jaxarena.models.blocks.moe_routing import combine, sort_by_expert
@@ -112,9 +113,10 @@ def abstract_caches(model: ArenaLM, *, num_blocks: int, rows: int) -> dict[str, 
 
 def _check_blocks(model: ArenaLM) -> None:
     for b in model.arch.blocks:
-        if not isinstance(b, Attention | MLP | MoE | Mamba2 | GatedDeltaNet):
+        if not isinstance(b, Attention | MLA | MLP | MoE | Mamba2 | GatedDeltaNet):
             raise NotImplementedError(
-                f"the plain step runs attention, MLP, MoE, Mamba-2 and GDN blocks, not {b.kind}"
+                f"the plain step runs attention, MLA, MLP, MoE, Mamba-2 and GDN blocks, not "
+                f"{b.kind}"
             )
 
 
@@ -156,6 +158,50 @@ def _attention(model, b: Attention, p, x, cache, ctx, mode):
     if b.gated:
         o = (o.astype(F32) * jax.nn.sigmoid(gate.astype(F32))).astype(BF16)
     return cache, o @ p["wo"]
+
+
+def _mla(model, b: MLA, p, x, cache, ctx, mode):
+    """The MLA block plainly (jaxarena/models/blocks/mla.py): bf16 projections, the latent
+    `[c | k_rope]` appended to the paged cache; prefill expands `kv_b_proj` and runs the
+    block's causal einsum attention, decode absorbs it into the query and runs the standalone
+    split-K kernel over the latent cache (its own split policy: no region caps the partials).
+    The block's pure helpers (`_rope`, `_kv_b`, `_mul`, `sm_scale`) are reused."""
+    c, t = model.config, x.shape[0]
+    H, nope, rope, v, kv_lora, q_lora = mla_dims(c)
+    if q_lora:
+        qa = rms_norm((x @ p["wq_a"]).astype(F32), p["q_a_norm"], b.rms_eps)
+        q = qa.astype(BF16) @ p["wq_b"]
+    else:
+        q = x @ p["wq"]
+    kv = (x @ p["wkv_a"]).astype(F32)
+    pos = ctx["positions"]
+    q = q.astype(F32).reshape(t, H, nope + rope)
+    q = jnp.concatenate([q[..., :nope], b._rope(q[..., nope:], pos, rope)], -1).astype(BF16)
+    lat = rms_norm(kv[:, :kv_lora], p["kv_a_norm"], b.rms_eps)
+    k_rope = b._rope(kv[:, None, kv_lora:], pos, rope)[:, 0]
+    latent = jnp.concatenate([lat, k_rope], -1).astype(BF16)
+    bs, full = model.kv_block_size, cache["latent"]
+    slots = ctx["block_tables"][ctx["seq_ids"], pos // bs] * bs + pos % bs
+    cache = {"latent": full.reshape(-1, full.shape[-1]).at[slots].set(latent).reshape(full.shape)}
+    w, scale = b._kv_b(p, c), b.sm_scale(c)
+    if mode == "prefill":
+        kvx = b._mul("tc,chd->thd", latent[:, :kv_lora], w).astype(BF16).astype(F32)
+        qf, k_rope = q.astype(F32), latent[:, kv_lora:].astype(F32)
+        logits = (jnp.einsum("thn,uhn->htu", qf[..., :nope], kvx[..., :nope])
+                  + jnp.einsum("thr,ur->htu", qf[..., nope:], k_rope)) * scale  # fmt: skip
+        idx, seq = jnp.arange(t, dtype=I32), ctx["seq_ids"]
+        mask = (seq[:, None] == seq[None, :]) & (idx[None, :] <= idx[:, None])
+        probs = jax.nn.softmax(jnp.where(mask[None], logits, -jnp.inf), axis=-1)
+        o = jnp.einsum("htu,uhv->thv", probs, kvx[..., nope:])
+    else:
+        q_pad = jnp.pad(q[..., :nope], ((0, 0), (0, 0), (0, v)))  # zeros against W_uv
+        qa = jnp.concatenate([b._mul("bhd,chd->bhc", q_pad, w), q[..., nope:]], -1)
+        o_lat = splitk_decode_attention(qa.astype(BF16), cache["latent"], None,
+                                        ctx["block_tables"], ctx["seq_lens"], sm_scale=scale,
+                                        v_head_dim=kv_lora, levers=model.levers,
+                                        target=model.target, interpret=model.interpret)  # fmt: skip
+        o = b._mul("bhc,chd->bhd", o_lat, w)[..., nope:]
+    return cache, o.reshape(t, H * v).astype(BF16) @ p["wo"]
 
 
 def _mlp(b: MLP, p, x):
@@ -284,6 +330,8 @@ def _blocks(model: ArenaLM, params, caches, tokens, ctx, mode):
         h = rms_norm(x, p["norm"], eps, model.arch.norm_offset).astype(BF16)
         if isinstance(b, Attention):
             out[key], y = _attention(model, b, p, h, caches[key], ctx, mode)
+        elif isinstance(b, MLA):
+            out[key], y = _mla(model, b, p, h, caches[key], ctx, mode)
         elif isinstance(b, MoE):
             out[key], y = caches[key], _moe(model, b, p, h)
         elif isinstance(b, Mamba2):

@@ -49,6 +49,15 @@ MODELS = {
     "qwen3_next": dict(
         json.loads((PRESETS / "qwen3-next-80b-a3b.json").read_text()), num_experts=0
     ),
+    # DeepSeek-V3's widths (MLA, 256 experts of 2048, top-8) with bf16 weights (the FP8
+    # `quantization_config` dropped: the plain step multiplies bf16) and 4 layers:
+    # first_k_dense_replace = 3 dense MLP layers, then one routed MoE layer.
+    "deepseek_v3": {
+        k: v
+        for k, v in json.loads((PRESETS / "deepseek-v3.json").read_text()).items()
+        if k != "quantization_config"
+    }
+    | {"num_hidden_layers": 4},
 }
 
 
@@ -60,6 +69,7 @@ def _compile(fn, *args, target, donate):
 def _plain_runs(m) -> bool:
     return set(m.arch.kinds) <= {
         "attention",
+        "mla",
         "mlp",
         "moe",
         "mamba",
