@@ -203,7 +203,7 @@ class CausalLM:
         bad = a[(a < 0) | (a >= self.config.vocab_size)]
         if bad.size:
             raise RequestError(f"{what} has token ids {bad[:5].tolist()} outside "
-                             f"[0, vocab_size={self.config.vocab_size})")  # fmt: skip
+                               f"[0, vocab_size={self.config.vocab_size})")  # fmt: skip
         return a.astype(np.int32)
 
     def _packed(self, prompts: list[np.ndarray]) -> tuple[jax.Array, jax.Array]:
@@ -265,7 +265,7 @@ class CausalLM:
         ids = self._check_ids(token_ids, "token_ids")
         if ids.size > self.model.max_batch_tokens:
             raise RequestError(f"{ids.size} tokens exceed max_batch_tokens="
-                             f"{self.model.max_batch_tokens}")  # fmt: skip
+                               f"{self.model.max_batch_tokens}")  # fmt: skip
         tokens, cu = self._packed([ids])
         fn = functools.partial(self.model.prefill, all_logits=True)
         (logits,) = self._run("prefill_all", fn, tokens, cu, self.block_tables[: cu.shape[0] - 1])
@@ -304,7 +304,7 @@ class CausalLM:
             raise RequestError(f"max_new_tokens={max_new_tokens!r} must be an int >= 1")
         if not 1 <= len(prompts) <= m.max_batch_size:
             raise RequestError(f"{len(prompts)} prompts; between 1 and max_batch_size="
-                             f"{m.max_batch_size} are allowed")  # fmt: skip
+                               f"{m.max_batch_size} are allowed")  # fmt: skip
         ids = [self._check_ids(p, f"prompts[{i}]") for i, p in enumerate(prompts)]
         lens = np.array([len(p) for p in ids], np.int32)
         chunked = lens.sum() > m.max_batch_tokens
@@ -317,8 +317,8 @@ class CausalLM:
                 "max_batch_tokens"
             )  # fmt: skip
         if lens.max() + max_new_tokens > m.max_seq_len:
-            raise RequestError(f"a prompt of {lens.max()} tokens + max_new_tokens={max_new_tokens}"
-                             f" exceeds max_seq_len={m.max_seq_len}")  # fmt: skip
+            raise RequestError(f"a prompt of {lens.max()} tokens + max_new_tokens="
+                               f"{max_new_tokens} exceeds max_seq_len={m.max_seq_len}")  # fmt: skip
         b, rows = len(ids), m.max_batch_size
         compiled = sum(self.compile_seconds.values())
         t0 = time.perf_counter()

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 from jaxarena import ArenaPlan, Levers, ModelConfig, Target
 
-__all__ = ["Block", "Env", "StepContext", "dense_init"]
+__all__ = ["Block", "Env", "StatelessBlock", "StepContext", "dense_init"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -120,6 +120,30 @@ class Block:
                ctx: StepContext) -> tuple[jax.Array, Any, jax.Array]:  # fmt: skip
         """One new token per sequence; returns `(arena, cache, out float32[B, hidden])`."""
         raise NotImplementedError
+
+
+class StatelessBlock(Block):
+    """A block that keeps no cache and treats prompt and decode tokens alike (MLP, MoE):
+    subclasses implement `_forward(env, params, arena, x, t) -> (arena, out float32[T,
+    hidden])` on the pre-normed rows `x` (`input_in_ctx`); the cache (None) passes through."""
+
+    input_in_ctx: ClassVar[bool] = True
+
+    def _forward(self, env: Env, params: dict[str, Any], arena: jax.Array, x: jax.Array,
+                 t: int) -> tuple[jax.Array, jax.Array]:  # fmt: skip
+        raise NotImplementedError
+
+    def prefill(self, env: Env, params: dict[str, Any], arena: jax.Array, cache: Any,
+                ctx: StepContext) -> tuple[jax.Array, Any, jax.Array]:  # fmt: skip
+        """Every prompt token through `_forward`; the cache (None) passes through."""
+        arena, out = self._forward(env, params, arena, ctx.x, ctx.num_tokens)
+        return arena, cache, out
+
+    def decode(self, env: Env, params: dict[str, Any], arena: jax.Array, cache: Any,
+               ctx: StepContext) -> tuple[jax.Array, Any, jax.Array]:  # fmt: skip
+        """Each sequence's new token through `_forward`; the cache (None) passes through."""
+        arena, out = self._forward(env, params, arena, ctx.x, ctx.num_tokens)
+        return arena, cache, out
 
 
 def dense_init(keys: Iterator[jax.Array], fan_in: int, fan_out: int) -> jax.Array:

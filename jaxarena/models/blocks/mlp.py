@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxarena import ModelConfig, workspaces
-from jaxarena.models.blocks.base import Block, Env, StepContext, dense_init
+from jaxarena.models.blocks.base import Env, StatelessBlock, dense_init
 from jaxarena.models.core.arena import linear, stored
 
 __all__ = ["MLP", "FFN_QUANT_REGIONS", "MLP_ACTS"]
@@ -29,7 +29,7 @@ FFN_QUANT_REGIONS = ("ffn_act_a", "ffn_act_scale", "ffn_act_scale_kmajor")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class MLP(Block):
+class MLP(StatelessBlock):
     """A dense MLP block (see the module docstring); no cache.
 
     Attributes:
@@ -42,7 +42,6 @@ class MLP(Block):
     """
 
     kind: ClassVar[str] = "mlp"
-    input_in_ctx: ClassVar[bool] = True
     act: str = "relu2"
     fp8_acts: bool = False
 
@@ -94,13 +93,3 @@ class MLP(Block):
         arena, down = linear(plan, arena, act, (t, inter), p["w_down"], regions, quant=quant,
                              interpret=it)  # fmt: skip
         return arena, stored(down)
-
-    def prefill(self, env: Env, params, arena, cache, ctx: StepContext):
-        """The MLP of every prompt token; the cache (None) passes through."""
-        arena, out = self._forward(env, params, arena, ctx.x, ctx.num_tokens)
-        return arena, cache, out
-
-    def decode(self, env: Env, params, arena, cache, ctx: StepContext):
-        """The MLP of each sequence's new token; the cache (None) passes through."""
-        arena, out = self._forward(env, params, arena, ctx.x, ctx.num_tokens)
-        return arena, cache, out

@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxarena import ModelConfig, workspaces
-from jaxarena.models.blocks.base import Block, Env, StepContext, dense_init
+from jaxarena.models.blocks.base import Env, StatelessBlock, dense_init
 from jaxarena.models.blocks.mlp import FFN_QUANT_REGIONS
 from jaxarena.models.blocks.moe_routing import (
     DEEPSEEK_V2_TOPK_METHODS,
@@ -115,7 +115,7 @@ def _concat_out(a: Any, b: Any, width: int) -> Any:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class MoE(Block):
+class MoE(StatelessBlock):
     """A routed-experts block (see the module docstring); no cache.
 
     Attributes:
@@ -142,7 +142,6 @@ class MoE(Block):
     """
 
     kind: ClassVar[str] = "moe"
-    input_in_ctx: ClassVar[bool] = True
     router: str = "softmax"
     norm_topk_prob: bool = True
     n_group: int = 1
@@ -352,13 +351,3 @@ class MoE(Block):
             arena, y = self._shared(env, p, arena, x, t)
             out = stored(out + y)
         return arena, out
-
-    def prefill(self, env: Env, params, arena, cache, ctx: StepContext):
-        """The experts of every prompt token; the cache (None) passes through."""
-        arena, out = self._forward(env, params, arena, ctx.x, ctx.num_tokens)
-        return arena, cache, out
-
-    def decode(self, env: Env, params, arena, cache, ctx: StepContext):
-        """The experts of each sequence's new token; the cache (None) passes through."""
-        arena, out = self._forward(env, params, arena, ctx.x, ctx.num_tokens)
-        return arena, cache, out
