@@ -44,7 +44,7 @@ import numpy as np
 from jaxarena import ArenaPlan, BufferSizes, Levers, ModelConfig, Target, record_lifetimes
 from jaxarena.models.checkpoint import CheckpointError, Reader, fp8_spec, open_checkpoint
 from jaxarena.models.families.registry import SUPPORTED_FAMILIES, family_for
-from jaxarena.models.stack import _CHUNKABLE, ArenaLM
+from jaxarena.models.stack import ArenaLM
 from jaxarena.testing import count_traces
 
 __all__ = ["CausalLM", "CheckpointError", "RequestError", "load_pretrained", "SUPPORTED_FAMILIES"]
@@ -277,7 +277,7 @@ class CausalLM:
 
         Prefill runs the prompts packed into one pass, or, when they hold more than
         `max_batch_tokens` tokens, in chunks that attend to the earlier chunks through the KV
-        cache (chunked prefill; models of attention, MLP and MoE blocks only); then a decode loop
+        cache (chunked prefill; models whose blocks all have `chunked_prefill`); then a decode loop
         whose jitted step is compiled once (the batch is padded to `max_batch_size` rows) runs `max_new_tokens - 1`
         steps with the arena and caches donated.
 
@@ -308,13 +308,12 @@ class CausalLM:
         ids = [self._check_ids(p, f"prompts[{i}]") for i, p in enumerate(prompts)]
         lens = np.array([len(p) for p in ids], np.int32)
         chunked = lens.sum() > m.max_batch_tokens
-        if chunked and set(m.arch.kinds) - _CHUNKABLE:
+        if chunked and m.unchunked_kinds:
             raise NotImplementedError(
                 f"the prompts hold {lens.sum()} tokens, more than max_batch_tokens="
                 f"{m.max_batch_tokens}, and a chunked prefill of a model with "
-                f"{sorted(set(m.arch.kinds) - _CHUNKABLE)} blocks is not implemented"
-                " (their conv/SSM state would have to carry across chunks): raise "
-                "max_batch_tokens"
+                f"{list(m.unchunked_kinds)} blocks is not implemented (their state cannot "
+                "continue from an earlier chunk yet): raise max_batch_tokens"
             )  # fmt: skip
         if lens.max() + max_new_tokens > m.max_seq_len:
             raise RequestError(f"a prompt of {lens.max()} tokens + max_new_tokens="

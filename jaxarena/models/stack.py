@@ -41,10 +41,6 @@ from jaxarena.models.scan_layers import layer_runs, stack_caches, stack_params, 
 
 __all__ = ["Arch", "ArenaLM"]
 
-# Block kinds that keep no state across a prompt but the KV cache (MoE: none; its routing is
-# per token): these prefill in chunks.
-_CHUNKABLE = frozenset({"attention", "mlp", "moe"})
-
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Arch:
@@ -175,6 +171,12 @@ class ArenaLM:
         """Scanned caches back to one entry per block."""
         return unstack_caches(self.layer_runs, self.arch.blocks, self.arch.cache_keys, caches)
 
+    @property
+    def unchunked_kinds(self) -> tuple[str, ...]:
+        """The kinds of this model's blocks that cannot prefill a prompt in chunks (no
+        `chunked_prefill`), sorted; empty when every block can."""
+        return tuple(sorted({b.kind for b in self.arch.blocks if not b.chunked_prefill}))
+
     # -- the shared loop -------------------------------------------------------------------------
 
     def _blocks(self, mode: str, params, arena, caches, tokens, ctx: StepContext):
@@ -280,7 +282,8 @@ class ArenaLM:
             the KV caches (earlier chunks); this chunk's tokens sit at positions
             `cached_lens[s]...` and attend to those plus themselves. None: all zeros (a
             sequence may have 0 tokens in a chunk only when given). Attention, MLP and MoE
-            blocks only: a model with Mamba blocks raises NotImplementedError.
+            blocks only: a model with a block that cannot continue a sequence from an earlier
+            chunk (`unchunked_kinds`) raises NotImplementedError.
           all_logits: static; return the logits of every token instead of each sequence's last.
 
         Returns:
@@ -296,12 +299,10 @@ class ArenaLM:
         seq = jnp.sum(cu_seqlens[None, 1:] <= idx[:, None], axis=1, dtype=jnp.int32)
         positions, seq_lens = idx - cu_seqlens[seq], None
         if cached_lens is not None:
-            carried = sorted({k for k in self.arch.kinds if k not in _CHUNKABLE})
-            if carried:
+            if self.unchunked_kinds:
                 raise NotImplementedError(
-                    f"chunked prefill (cached_lens) runs attention, MLP and MoE blocks only; this "
-                    f"model has {carried} blocks, whose conv/SSM state would have to carry "
-                    "across chunks"
+                    f"chunked prefill (cached_lens): this model's {list(self.unchunked_kinds)} "
+                    "blocks cannot continue a sequence from an earlier chunk"
                 )  # fmt: skip
             # Padding tokens (past cu_seqlens[S]) count as the last sequence's; clamp so their
             # positions stay where the block table reaches.
@@ -309,7 +310,8 @@ class ArenaLM:
             positions = positions + cached[jnp.minimum(seq, cached.shape[0] - 1)]
             seq_lens = cached + (cu_seqlens[1:] - cu_seqlens[:-1])
         ctx = StepContext(positions=positions, seq_ids=seq, block_tables=block_tables,
-                          cu_seqlens=cu_seqlens, seq_lens=seq_lens)  # fmt: skip
+                          cu_seqlens=cu_seqlens, seq_lens=seq_lens,
+                          cached_lens=None if cached_lens is None else cached)  # fmt: skip
         arena, caches, h = self._blocks("prefill", params, arena, caches, tokens, ctx)
         rows = idx if all_logits else cu_seqlens[1:] - 1
         arena, logits = self._lm_head(arena, params, h, rows)

@@ -62,6 +62,7 @@ class Attention(Block):
     kind: ClassVar[str] = "attention"
     input_in_ctx: ClassVar[bool] = True
     paged_kv: ClassVar[bool] = True
+    chunked_prefill: ClassVar[bool] = True  # a chunk's queries read the earlier chunks' K/V
     rope: bool = True
     rope_theta: float = 10000.0
     qk_norm: bool = False

@@ -58,6 +58,10 @@ class StepContext(NamedTuple):
       seq_lens: `int32[S]`, each sequence's length after this step (decode: after its new
         token; prefill: its cached tokens plus this chunk, None in a plain prefill where it
         is the chunk's length).
+      cached_lens: chunked prefill only: `int32[S]`, the tokens of each sequence already
+        in the caches from earlier chunks (this chunk continues them: a block with
+        `chunked_prefill` starts each sequence from its cached state); None in a plain
+        prefill and in decode.
     """
 
     positions: jax.Array
@@ -66,6 +70,7 @@ class StepContext(NamedTuple):
     cu_seqlens: jax.Array | None = None
     seq_lens: jax.Array | None = None
     x: jax.Array | None = None
+    cached_lens: jax.Array | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -96,6 +101,9 @@ class Block:
     # True: the cache is paged, every leaf `[num_blocks, ...]` indexed only through
     # `ctx.block_tables` (a scanned run joins its layers' pages: `models/scan_layers.py`).
     paged_kv: ClassVar[bool] = False
+    # True: `prefill` continues sequences from earlier chunks (`ctx.cached_lens`): a prompt
+    # may be prefilled in pieces. False: the decoder refuses chunked prefill for the model.
+    chunked_prefill: ClassVar[bool] = False
 
     def init_params(self, config: ModelConfig, keys: Iterator[jax.Array]) -> dict[str, Any]:
         """Random float32 weights of this mixer (without the pre-norm)."""
@@ -128,6 +136,7 @@ class StatelessBlock(Block):
     hidden])` on the pre-normed rows `x` (`input_in_ctx`); the cache (None) passes through."""
 
     input_in_ctx: ClassVar[bool] = True
+    chunked_prefill: ClassVar[bool] = True  # nothing carries across tokens
 
     def _forward(self, env: Env, params: dict[str, Any], arena: jax.Array, x: jax.Array,
                  t: int) -> tuple[jax.Array, jax.Array]:  # fmt: skip
