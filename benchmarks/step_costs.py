@@ -2,6 +2,7 @@
 
     JAX_PLATFORMS=cpu python benchmarks/step_costs.py [--target h200] [--layers N]
         [--models qwen3 llama ...] [--tokens 2048 8192] [--batch 8]
+        [--prefill-chunk auto|none|N]
 
 For each model (random weights: shapes only, `ShapeDtypeStruct`s, nothing allocated): the
 prefill step's XLA temp at each token count against the arena, and the decode step's
@@ -12,6 +13,7 @@ temp, spills and compile seconds.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import sys
@@ -93,8 +95,9 @@ def decode_costs(raw, *, batch, target, plain=True, max_seq_len=4096):
     return out
 
 
-def prefill_costs(raw, *, tokens, target, plain=False, batch=8):
+def prefill_costs(raw, *, tokens, target, plain=False, batch=8, chunk="auto"):
     m = build_model(raw, max_batch_tokens=tokens, max_seq_len=tokens, max_batch_size=batch)
+    m = dataclasses.replace(m, prefill_chunk=chunk)
     per = tokens // m.kv_block_size
     params = abstract_params(m)
     caches = abstract_caches(m, num_blocks=(batch + 1) * per, rows=batch + 1)
@@ -120,8 +123,12 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=None, help="override num_hidden_layers")
     ap.add_argument("--tokens", nargs="+", type=int, default=[2048, 8192])
     ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--prefill-chunk", default="auto",
+                    help="ArenaLM.prefill_chunk: 'auto', 'none' (one pass) or a token count")  # fmt: skip
     ap.add_argument("--skip", nargs="*", default=[], choices=["prefill", "decode", "plain"])
     args = ap.parse_args()
+    chunk = args.prefill_chunk
+    chunk = None if chunk == "none" else chunk if chunk == "auto" else int(chunk)
     for name in args.models:
         raw = dict(MODELS[name])
         if args.layers:
@@ -140,7 +147,7 @@ def main() -> None:
         if "prefill" not in args.skip:
             for t in args.tokens:
                 p = prefill_costs(raw, tokens=t, target=args.target,
-                                  plain="plain" not in args.skip)  # fmt: skip
+                                  plain="plain" not in args.skip, chunk=chunk)  # fmt: skip
                 a = p["arena"]
                 print(f"prefill T={t} arena: {_fig(a)}  arena {p['arena_bytes'] / 2**20:.1f} "
                       f"MiB, temp/arena {a.temp_bytes / p['arena_bytes']:.3f}")  # fmt: skip

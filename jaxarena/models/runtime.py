@@ -373,6 +373,7 @@ def load_pretrained(
     packed: bool = False,
     interpret: bool | None = None,
     scan_layers: bool = False,
+    prefill_chunk: int | str | None = "auto",
     compiler_options: dict[str, Any] | None = None,
 ) -> CausalLM:
     """Loads a local HuggingFace checkpoint directory onto the default device with its arena.
@@ -391,6 +392,9 @@ def load_pretrained(
       scan_layers: run runs of identical layers under one `lax.scan` each (`ArenaLM`;
         compile time near that of one period); the weights are stacked on the host, before
         their one copy to the device.
+      prefill_chunk: a prefill of more tokens than this runs as token chunks through every
+        layer, its XLA temp that of one chunk (`ArenaLM.prefill_chunk`); `"auto"`:
+        `DEFAULT_PREFILL_CHUNK` tokens; None: one pass.
       compiler_options: XLA options for the steps' compiles (`CausalLM.compiler_options`).
 
     Returns:
@@ -425,7 +429,8 @@ def load_pretrained(
     model = ArenaLM(config=cfg, arch=arch, plan=plan, max_batch_tokens=max_batch_tokens,
                     max_seq_len=max_seq_len, kv_block_size=kv_block_size,
                     max_batch_size=max_batch_size, target=target, levers=levers,
-                    interpret=interpret, scan_layers=scan_layers)  # fmt: skip
+                    interpret=interpret, scan_layers=scan_layers,
+                    prefill_chunk=prefill_chunk)  # fmt: skip
     if scan_layers:
         host = model.stack_params(host)
     params = jax.device_put(host)  # the one host -> device copy of the weights
@@ -454,7 +459,9 @@ def _packed_plan(model: ArenaLM, sizes: BufferSizes, params, caches, tables) -> 
     tok = jax.ShapeDtypeStruct((t,), jnp.int32)
     cu = jax.ShapeDtypeStruct((s + 1,), jnp.int32)
     rows = jax.ShapeDtypeStruct((model.max_batch_size,), jnp.int32)
-    lt = record_lifetimes(functools.partial(model.prefill, all_logits=True), params, arena,
+    # The one-pass prefill: a chunked one uses the same regions, inside a `lax.scan`.
+    one_pass = dataclasses.replace(model, prefill_chunk=None)
+    lt = record_lifetimes(functools.partial(one_pass.prefill, all_logits=True), params, arena,
                           caches, tok, cu, tables[:s], mode="prefill")  # fmt: skip
     lt = lt | record_lifetimes(model.decode_step, params, arena, caches, rows, rows,
                                tables[: model.max_batch_size], rows, mode="decode")  # fmt: skip

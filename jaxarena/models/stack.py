@@ -39,7 +39,11 @@ from jaxarena.models.core.arena import BF16, F32, put, stored
 from jaxarena.models.core.norms import rms_norm
 from jaxarena.models.scan_layers import layer_runs, stack_caches, stack_params, unstack_caches
 
-__all__ = ["Arch", "ArenaLM"]
+__all__ = ["Arch", "ArenaLM", "DEFAULT_PREFILL_CHUNK"]
+
+# Tokens per chunk of a long prefill (`ArenaLM.prefill_chunk="auto"`). Measured on the H200
+# compile at Qwen3-0.6B widths (benchmarks/step_costs.py --prefill-chunk): see the README.
+DEFAULT_PREFILL_CHUNK = 2048
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -114,6 +118,10 @@ class ArenaLM:
         compile time stays near that of one period; the steps then take the parameters and
         caches in the scanned layout (`stack_params`, `init_caches`;
         `jaxarena/models/scan_layers.py`). False: every block unrolled, one entry each.
+      prefill_chunk: a prefill of more tokens than this runs as token chunks through every
+        layer (`prefill`), so its XLA temp is that of one chunk; `"auto"`:
+        `DEFAULT_PREFILL_CHUNK`; None: always one pass. Models with a block that cannot
+        continue a sequence (`unchunked_kinds`) run one pass.
     """
 
     config: ModelConfig
@@ -127,6 +135,13 @@ class ArenaLM:
     levers: Levers
     interpret: bool | None = None
     scan_layers: bool = False
+    prefill_chunk: int | str | None = "auto"
+
+    def __post_init__(self) -> None:
+        c = self.prefill_chunk
+        if not (c is None or c == "auto" or (isinstance(c, int) and not isinstance(c, bool)
+                                               and c >= 1)):  # fmt: skip
+            raise ValueError(f"prefill_chunk={c!r} must be None, 'auto' or an int >= 1")
 
     @property
     def env(self) -> Env:
@@ -252,11 +267,11 @@ class ArenaLM:
         (arena, h, caches), _ = lax.scan(body, (arena, h, list(caches)), xs)
         return arena, h, caches
 
-    def _lm_head(self, arena, params, h, rows):
-        """Final norm and LM head of the hidden rows `rows` (indices) of `h`: the logits as
+    def _lm_head(self, arena, params, h):
+        """Final norm and LM head of the hidden rows `h`: `(arena, logits)`, the logits as
         the `logits` region would store them, bf16, an XLA value (the step's output, which
         the GEMM writes directly: float32 logits would cost a bf16 temporary as large)."""
-        h = rms_norm(h[rows], params["final_norm"], self.arch.rms_eps, self.arch.norm_offset)
+        h = rms_norm(h, params["final_norm"], self.arch.rms_eps, self.arch.norm_offset)
         head = params["embed"].T if self.arch.tie_embeddings else params["lm_head"]
         logits = h @ head.astype(F32)
         if self.arch.final_softcap is not None:
@@ -265,9 +280,24 @@ class ArenaLM:
 
     # -- steps -----------------------------------------------------------------------------------
 
+    def prefill_chunk_tokens(self, tokens: int) -> int | None:
+        """The chunk length a prefill of `tokens` tokens runs in (static), or None for one
+        pass: `prefill_chunk` (`"auto"`: `DEFAULT_PREFILL_CHUNK`) when it is smaller than
+        `tokens` and every block can continue a sequence from an earlier chunk."""
+        chunk = DEFAULT_PREFILL_CHUNK if self.prefill_chunk == "auto" else self.prefill_chunk
+        if chunk is None or tokens <= chunk or self.unchunked_kinds:
+            return None
+        return chunk
+
     def prefill(self, params, arena, caches, tokens, cu_seqlens, block_tables, cached_lens=None,
                 *, all_logits: bool = False):  # fmt: skip
         """Runs the prompts of `S` sequences packed into one pass (or one chunk of them).
+
+        A prefill longer than the chunk (`prefill_chunk_tokens`) runs as consecutive token
+        chunks through every layer, each continuing the earlier ones from the caches (the
+        full chunks under one `lax.scan`, then the remainder), so its XLA temp is that of one
+        chunk, not of `T` tokens; the results are those of one pass but for the GEMMs' row
+        counts.
 
         Args:
           params: `{"embed", "layers": [one dict per block], "final_norm"[, "lm_head"]}`.
@@ -279,11 +309,11 @@ class ArenaLM:
             (every sequence at least one token).
           block_tables: `int32[S, max_blocks_per_seq]`.
           cached_lens: chunked prefill: `int32[S]`, the tokens of each sequence already in
-            the KV caches (earlier chunks); this chunk's tokens sit at positions
+            the caches (earlier chunks); this chunk's tokens sit at positions
             `cached_lens[s]...` and attend to those plus themselves. None: all zeros (a
-            sequence may have 0 tokens in a chunk only when given). Attention, MLP and MoE
-            blocks only: a model with a block that cannot continue a sequence from an earlier
-            chunk (`unchunked_kinds`) raises NotImplementedError.
+            sequence may have 0 tokens in a chunk only when given). A model with a block
+            that cannot continue a sequence from an earlier chunk (`unchunked_kinds`) raises
+            NotImplementedError.
           all_logits: static; return the logits of every token instead of each sequence's last.
 
         Returns:
@@ -293,17 +323,72 @@ class ArenaLM:
         t = tokens.shape[0]
         if t > self.max_batch_tokens:
             raise ValueError(f"{t} prompt tokens exceed max_batch_tokens={self.max_batch_tokens}")
+        if cached_lens is not None and self.unchunked_kinds:
+            raise NotImplementedError(
+                f"chunked prefill (cached_lens): this model's {list(self.unchunked_kinds)} "
+                "blocks cannot continue a sequence from an earlier chunk"
+            )  # fmt: skip
+        chunk = self.prefill_chunk_tokens(t)
+        if chunk is None:
+            arena, caches, h = self._prefill_pass(params, arena, caches, tokens, cu_seqlens,
+                                                  block_tables, cached_lens)  # fmt: skip
+            rows = jnp.arange(t, dtype=jnp.int32) if all_logits else cu_seqlens[1:] - 1
+            arena, logits = self._lm_head(arena, params, h[rows])
+            return arena, caches, logits
+        return self._chunked_prefill(params, arena, caches, tokens, cu_seqlens, block_tables,
+                                     cached_lens, chunk, all_logits)  # fmt: skip
+
+    def _chunked_prefill(self, params, arena, caches, tokens, cu_seqlens, block_tables,
+                         cached_lens, chunk: int, all_logits: bool):  # fmt: skip
+        """`prefill` as consecutive `chunk`-token passes (see `prefill`): chunk `j` holds
+        tokens `[j chunk, (j + 1) chunk)`, each sequence's part of it continuing the tokens
+        before (`cached_lens` plus its tokens in earlier chunks). Returns what `prefill`
+        returns."""
+        t, s = tokens.shape[0], cu_seqlens.shape[0] - 1
+        base = jnp.zeros((s,), jnp.int32) if cached_lens is None else cached_lens.astype(jnp.int32)
+        lens = cu_seqlens[1:] - cu_seqlens[:-1]
+        last = cu_seqlens[1:] - 1  # each sequence's last token
+
+        def one(arena, caches, rows_h, start, n):
+            toks = lax.dynamic_slice_in_dim(tokens, start, n)
+            cu = jnp.clip(cu_seqlens - start, 0, n)
+            cached = base + jnp.clip(start - cu_seqlens[:-1], 0, lens)
+            arena, caches, h = self._prefill_pass(params, arena, caches, toks, cu,
+                                                  block_tables, cached)  # fmt: skip
+            if rows_h is not None:  # keep the rows of the sequences that end in this chunk
+                here = (last >= start) & (last < start + n)
+                rows_h = jnp.where(here[:, None], h[jnp.clip(last - start, 0, n - 1)], rows_h)
+            return arena, caches, rows_h, h
+
+        full, rem = divmod(t, chunk)
+        rows_h = None if all_logits else jnp.zeros((s, self.config.hidden_size), jnp.float32)
+
+        def body(carry, j):
+            arena, caches, rows_h = carry
+            arena, caches, rows_h, h = one(arena, caches, rows_h, j * chunk, chunk)
+            return (arena, caches, rows_h), (h if all_logits else None)
+
+        steps = jnp.arange(full, dtype=jnp.int32)
+        (arena, caches, rows_h), hs = lax.scan(body, (arena, caches, rows_h), steps)
+        if rem:
+            arena, caches, rows_h, h_rem = one(arena, caches, rows_h, full * chunk, rem)
+        if all_logits:
+            rows_h = hs.reshape(full * chunk, -1)
+            if rem:
+                rows_h = jnp.concatenate([rows_h, h_rem])
+        arena, logits = self._lm_head(arena, params, rows_h)
+        return arena, caches, logits
+
+    def _prefill_pass(self, params, arena, caches, tokens, cu_seqlens, block_tables, cached_lens):
+        """One pass of `tokens` through every block: `(arena, caches, h)` with `h` the final
+        residual stream, `float32[T, hidden]` (bf16-rounded)."""
+        t = tokens.shape[0]
         idx = jnp.arange(t, dtype=jnp.int32)
         # Each token's sequence: how many sequence ends are <= it. A count, as in the SSD scan,
         # not `searchsorted`, whose default method is a while loop of log2(S) steps on a GPU.
         seq = jnp.sum(cu_seqlens[None, 1:] <= idx[:, None], axis=1, dtype=jnp.int32)
-        positions, seq_lens = idx - cu_seqlens[seq], None
+        positions, seq_lens, cached = idx - cu_seqlens[seq], None, None
         if cached_lens is not None:
-            if self.unchunked_kinds:
-                raise NotImplementedError(
-                    f"chunked prefill (cached_lens): this model's {list(self.unchunked_kinds)} "
-                    "blocks cannot continue a sequence from an earlier chunk"
-                )  # fmt: skip
             # Padding tokens (past cu_seqlens[S]) count as the last sequence's; clamp so their
             # positions stay where the block table reaches.
             cached = cached_lens.astype(jnp.int32)
@@ -311,11 +396,8 @@ class ArenaLM:
             seq_lens = cached + (cu_seqlens[1:] - cu_seqlens[:-1])
         ctx = StepContext(positions=positions, seq_ids=seq, block_tables=block_tables,
                           cu_seqlens=cu_seqlens, seq_lens=seq_lens,
-                          cached_lens=None if cached_lens is None else cached)  # fmt: skip
-        arena, caches, h = self._blocks("prefill", params, arena, caches, tokens, ctx)
-        rows = idx if all_logits else cu_seqlens[1:] - 1
-        arena, logits = self._lm_head(arena, params, h, rows)
-        return arena, caches, logits
+                          cached_lens=cached)  # fmt: skip
+        return self._blocks("prefill", params, arena, caches, tokens, ctx)
 
     def decode_step(self, params, arena, caches, tokens, positions, block_tables, seq_lens):
         """One decode step for `B` sequences (one new token each).
@@ -336,5 +418,5 @@ class ArenaLM:
         ctx = StepContext(positions=positions, seq_ids=seq, block_tables=block_tables,
                           seq_lens=seq_lens)  # fmt: skip
         arena, caches, h = self._blocks("decode", params, arena, caches, tokens, ctx)
-        arena, logits = self._lm_head(arena, params, h, seq)
+        arena, logits = self._lm_head(arena, params, h)
         return arena, caches, logits, jnp.argmax(logits, -1).astype(jnp.int32)
