@@ -28,11 +28,6 @@ _GATES = {"swiglu": jax.nn.silu, "geglu_tanh": lambda x: jax.nn.gelu(x, approxim
 FFN_QUANT_REGIONS = ("ffn_act_a", "ffn_act_scale", "ffn_act_scale_kmajor")
 
 
-# Above this size (bytes of a float32 `[T, 2 I]`) the gate and up GEMMs run one after the
-# other (see `MLP._forward`).
-_MERGED_GEMM_BYTES = 8 * 2**20
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class MLP(StatelessBlock):
     """A dense MLP block (see the module docstring); no cache.
@@ -83,24 +78,19 @@ class MLP(StatelessBlock):
         h, inter = c.hidden_size, c.intermediate_size
         quant = self.fp8_acts
         act_regions = workspaces.FP8_ACT_REGIONS
-        # A fused f32 gate|up GEMM output of more than this many bytes is not worth the one
-        # launch the GPU's dot merger saves (decode rows: merged; prefill rows: two GEMMs).
-        merged_bytes = t * 2 * inter * 4
-        if self.act in _GATES and (quant or is_fp8(p["w_gate"]) or is_fp8(p["w_up"])
-                                   or merged_bytes <= _MERGED_GEMM_BYTES):  # fmt: skip
-            # One input quantization for both projections (a tuple weight); few rows: one GEMM
-            # launch where XLA merges them.
+        if self.act in _GATES and (quant or is_fp8(p["w_gate"]) or is_fp8(p["w_up"])):
+            # One input quantization for both projections (a tuple weight).
             arena, (g, u) = linear(plan, arena, x, (t, h), (p["w_gate"], p["w_up"]),
                                    act_regions, quant=quant, interpret=it, split=True)  # fmt: skip
             act = stored(_GATES[self.act](stored(g)) * stored(u))
         elif self.act in _GATES:
-            arena, g = linear(plan, arena, x, (t, h), p["w_gate"], act_regions, interpret=it)
-            # The up projection waits for the rounded gate: otherwise XLA's GPU dot merger may
-            # join the two GEMMs into one float32 output, twice the bytes of the two rounded
-            # ones (48 MiB at 2048 rows of Qwen3-0.6B, a prefill chunk's largest buffer).
-            g, x = jax.lax.optimization_barrier((g.astype(BF16), x))
-            arena, u = linear(plan, arena, x, (t, h), p["w_up"], act_regions, interpret=it)
-            act = stored(_GATES[self.act](g.astype(F32)) * stored(u))
+            # The GEMMs output the bf16 values `stored` would round their float32 products to
+            # (float32 accumulation, one rounding): where XLA's GPU dot merger joins them into
+            # one GEMM, its output is then bf16, not a float32 buffer twice the size (48 MiB
+            # at 2048 rows of Qwen3-0.6B, a prefill chunk's largest buffer).
+            g, u = (jax.lax.dot(x, w.astype(F32), preferred_element_type=BF16)
+                    for w in (p["w_gate"], p["w_up"]))  # fmt: skip
+            act = stored(_GATES[self.act](g.astype(F32)) * u.astype(F32))
         else:
             arena, up = linear(plan, arena, x, (t, h), p["w_up"], act_regions, quant=quant,
                                interpret=it)  # fmt: skip
