@@ -4,7 +4,8 @@
     causal depthwise conv1d (no bias) + silu over [q | k | v], its window in the cache
     beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias)
     delta rule on L2-normalised q, k (prefill: the chunked `gdn_chunked_into` kernel with its
-      scratch in `gdn_fla_scratch`; decode: the in-place `gdn_state_update` kernel)
+      scratch in `gdn_fla_scratch`, from the cached state in a chunked prefill's continued
+      sequences; decode: the in-place `gdn_state_update` kernel)
     gated RMSNorm: rmsnorm(o) * w * silu(z) per value head -> out_proj
 
 Under the step rule (jaxarena/models/README.md, "what goes through the arena") the arena holds
@@ -61,7 +62,8 @@ class GatedDeltaNet(Block):
     `w_ba` (`[hidden, 2 Hv]`), `conv_w` (`[conv_kernel, 2 kd + vd]`), `A_log`, `dt_bias`
     (`[Hv]`), `gate_norm` (`[Dv]`), `out_proj` (`[vd, hidden]`). Cache: `state`
     `float32[rows, Hv, Dk, Dv]` and `conv` `float32[rows, conv_kernel - 1, 2 kd + vd]` (the
-    last pre-conv inputs); sequence `s` uses row `s`.
+    last pre-conv inputs); sequence `s` uses row `s`. A chunked prefill continues each
+    sequence from its row (`chunked_prefill`).
     """
 
     kind: ClassVar[str] = "gdn"

@@ -1,6 +1,8 @@
 """The Mamba-2 mixer: in_proj -> causal depthwise conv1d (kernel 4) -> SSD scan (prefill: the
 `ssd_chunked_scan` Pallas kernel with its scratch in `ssd_scratch`; decode: the one-step
-`ssd_state_update` kernel) -> gate with silu(z) -> grouped RMSNorm -> out_proj.
+`ssd_state_update` kernel) -> gate with silu(z) -> grouped RMSNorm -> out_proj. A chunk of a
+chunked prefill starts each continued sequence's conv from its cached window and its scan
+from its cached state (`causal_conv`).
 Under the step rule (jaxarena/models/README.md, "what goes through the arena"): the arena holds
 only what a kernel writes in place, the SSD scratch (`ssd_scratch`, prefill) and the FP8
 activation buffers; the in_proj output, the conv output and the gated, normalised y are XLA
@@ -42,6 +44,7 @@ class Mamba2(Block):
     (`[d_xbc]`), `dt_bias`, `A_log`, `D` (`[H]`), `gate_norm` (`[d_inner]`), `out_proj`
     (`[d_inner, hidden]`). Cache: `state` `float32[rows, H, P, N]` and `conv`
     `float32[rows, 3, d_xbc]` (the last three pre-conv inputs); sequence `s` uses row `s`.
+    A chunked prefill continues each sequence from its row (`chunked_prefill`).
     """
 
     kind: ClassVar[str] = "mamba"
