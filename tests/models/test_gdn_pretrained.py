@@ -39,6 +39,7 @@ from test_pretrained import U_BF16, decided_and_same_context, max_abs_logit, top
 
 from jaxarena import ModelConfig
 from jaxarena.models.blocks.base import StepContext
+from jaxarena.models.blocks.causal_conv import prefill_conv
 from jaxarena.models.checkpoint import open_checkpoint
 from jaxarena.models.families.registry import family_for
 from pallas_kernels import gdn_state_update
@@ -186,7 +187,8 @@ def test_gdn_intermediates_are_what_the_block_docstring_says(runs, name):
     ctx = StepContext(positions=jnp.arange(t, dtype=jnp.int32),
                       seq_ids=jnp.zeros((t,), jnp.int32), block_tables=jnp.zeros((1, 1), jnp.int32),
                       cu_seqlens=jnp.asarray([0, t], jnp.int32))  # fmt: skip
-    got, _ = block._prefill_conv(p0, conv_in, ctx)
+    got, _ = prefill_conv(conv_in, jnp.asarray(p0["conv_w"], jnp.float32), ctx)
+    got = jax.nn.silu(got)
     np.testing.assert_allclose(np.asarray(got, np.float64), conv / (1 + np.exp(-conv)),
                                atol=1e-5, rtol=0)  # fmt: skip
     g = -np.exp(w[pre + "A_log"]) * np.log1p(np.exp(a + w[pre + "dt_bias"]))

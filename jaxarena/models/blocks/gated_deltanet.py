@@ -4,7 +4,8 @@
     causal depthwise conv1d (no bias) + silu over [q | k | v], its window in the cache
     beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias)
     delta rule on L2-normalised q, k (prefill: the chunked `gdn_chunked_into` kernel with its
-      scratch in `gdn_fla_scratch`; decode: the in-place `gdn_state_update` kernel)
+      scratch in `gdn_fla_scratch`, from the cached state in a chunked prefill's continued
+      sequences; decode: the in-place `gdn_state_update` kernel)
     gated RMSNorm: rmsnorm(o) * w * silu(z) per value head -> out_proj
 
 Under the step rule (jaxarena/models/README.md, "what goes through the arena") the arena holds
@@ -32,6 +33,7 @@ import numpy as np
 
 from jaxarena import ModelConfig, workspaces
 from jaxarena.models.blocks.base import Block, Env, StepContext, dense_init
+from jaxarena.models.blocks.causal_conv import cached_or_zeros, prefill_conv
 from jaxarena.models.checkpoint import FLOAT_DTYPES
 from jaxarena.models.core.arena import F32, linear, stored
 from jaxarena.models.core.norms import rms_norm
@@ -60,11 +62,13 @@ class GatedDeltaNet(Block):
     `w_ba` (`[hidden, 2 Hv]`), `conv_w` (`[conv_kernel, 2 kd + vd]`), `A_log`, `dt_bias`
     (`[Hv]`), `gate_norm` (`[Dv]`), `out_proj` (`[vd, hidden]`). Cache: `state`
     `float32[rows, Hv, Dk, Dv]` and `conv` `float32[rows, conv_kernel - 1, 2 kd + vd]` (the
-    last pre-conv inputs); sequence `s` uses row `s`.
+    last pre-conv inputs); sequence `s` uses row `s`. A chunked prefill continues each
+    sequence from its row (`chunked_prefill`).
     """
 
     kind: ClassVar[str] = "gdn"
     input_in_ctx: ClassVar[bool] = True
+    chunked_prefill: ClassVar[bool] = True
     conv_kernel: int = 4
     rms_eps: float = 1e-6
     interleaved: bool = False
@@ -180,41 +184,28 @@ class GatedDeltaNet(Block):
         return linear(env.plan, arena, y, (t, nv * dv), p["out_proj"],
                       workspaces.FP8_ACT_REGIONS, interpret=env.interpret)  # fmt: skip
 
-    def _prefill_conv(self, p, x, ctx: StepContext):
-        """silu(causal depthwise conv1d) of the conv input `x` within each packed sequence,
-        and the window decode starts from (each sequence's last `conv_kernel - 1` inputs,
-        zeros before its start): `(float32[T, conv_dim], float32[S, conv_kernel - 1,
-        conv_dim])`."""
-        kk, cu, seq = self.conv_kernel, ctx.cu_seqlens, ctx.seq_ids
-        idx = jnp.arange(x.shape[0], dtype=jnp.int32)
-        w = p["conv_w"].astype(F32)
-        # Tap j reads token t - j.
-        conv = x * w[kk - 1]
-        for j in range(1, kk):
-            same = (idx >= j) & (jnp.roll(seq, j) == seq)
-            conv = conv + jnp.where(same[:, None], jnp.roll(x, j, axis=0), 0.0) * w[kk - 1 - j]
-        win = []
-        for j in range(kk - 1, 0, -1):
-            pos = cu[1:] - j
-            win.append(jnp.where((pos >= cu[:-1])[:, None], x[jnp.maximum(pos, 0)], 0.0))
-        return jax.nn.silu(conv), jnp.stack(win, 1)
-
     # -- steps -------------------------------------------------------------------------------
 
     def prefill(self, env: Env, params, arena, cache, ctx: StepContext):
         """Conv and chunked delta rule within each packed sequence; rows `0..S-1` of the cache
-        get each sequence's final state and conv window."""
+        get each sequence's final state and conv window (its last `conv_kernel - 1` pre-conv
+        inputs). In a chunked prefill (`ctx.cached_lens`), a sequence with cached tokens
+        continues from its cache row's state and window (`causal_conv`); one with no token in
+        the chunk keeps them."""
         p, t = params, ctx.num_tokens
         s = ctx.cu_seqlens.shape[0] - 1
         arena, x, z, ba = self._project(env, p, arena, ctx.x, t)
-        conv, win = self._prefill_conv(p, x, ctx)
+        window = cached_or_zeros(cache["conv"], ctx)
+        init = cached_or_zeros(cache["state"], ctx)
+        conv, win = prefill_conv(x, p["conv_w"].astype(F32), ctx, window=window)
+        conv = jax.nn.silu(conv)
         conv_cache = cache["conv"].at[:s].set(win)
         conv_cache, arena = jax.lax.optimization_barrier((conv_cache, arena))
         g, beta = self._gates(env, p, ba, t)
         q, k, v = self._split_conv(env, conv)
         arena, o, final = gdn_chunked_into(
-            arena, env.plan, q, k, v, g, beta, cu_seqlens=ctx.cu_seqlens, use_qk_l2norm=True,
-            interpret=env.interpret,
+            arena, env.plan, q, k, v, g, beta, cu_seqlens=ctx.cu_seqlens, initial_states=init,
+            use_qk_l2norm=True, interpret=env.interpret,
         )  # fmt: skip
         cache = {"state": cache["state"].at[:s].set(final), "conv": conv_cache}
         cache, arena = jax.lax.optimization_barrier((cache, arena))

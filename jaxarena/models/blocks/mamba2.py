@@ -1,6 +1,8 @@
 """The Mamba-2 mixer: in_proj -> causal depthwise conv1d (kernel 4) -> SSD scan (prefill: the
 `ssd_chunked_scan` Pallas kernel with its scratch in `ssd_scratch`; decode: the one-step
-`ssd_state_update` kernel) -> gate with silu(z) -> grouped RMSNorm -> out_proj.
+`ssd_state_update` kernel) -> gate with silu(z) -> grouped RMSNorm -> out_proj. A chunk of a
+chunked prefill starts each continued sequence's conv from its cached window and its scan
+from its cached state (`causal_conv`).
 Under the step rule (jaxarena/models/README.md, "what goes through the arena"): the arena holds
 only what a kernel writes in place, the SSD scratch (`ssd_scratch`, prefill) and the FP8
 activation buffers; the in_proj output, the conv output and the gated, normalised y are XLA
@@ -20,6 +22,7 @@ import numpy as np
 
 from jaxarena import ModelConfig, workspaces
 from jaxarena.models.blocks.base import Block, Env, StepContext, dense_init
+from jaxarena.models.blocks.causal_conv import cached_or_zeros, prefill_conv
 from jaxarena.models.checkpoint import FLOAT_DTYPES
 from jaxarena.models.core.arena import BF16, F32, linear, stored
 from jaxarena.models.core.norms import rms_norm
@@ -41,10 +44,12 @@ class Mamba2(Block):
     (`[d_xbc]`), `dt_bias`, `A_log`, `D` (`[H]`), `gate_norm` (`[d_inner]`), `out_proj`
     (`[d_inner, hidden]`). Cache: `state` `float32[rows, H, P, N]` and `conv`
     `float32[rows, 3, d_xbc]` (the last three pre-conv inputs); sequence `s` uses row `s`.
+    A chunked prefill continues each sequence from its row (`chunked_prefill`).
     """
 
     kind: ClassVar[str] = "mamba"
     input_in_ctx: ClassVar[bool] = True
+    chunked_prefill: ClassVar[bool] = True
     rms_eps: float = 1e-5
 
     def init_params(self, config: ModelConfig, keys: Iterator[jax.Array]) -> dict[str, Any]:
@@ -128,32 +133,23 @@ class Mamba2(Block):
 
     def prefill(self, env: Env, params, arena, cache, ctx: StepContext):
         """Conv and chunked SSD scan within each packed sequence; rows `0..S-1` of the cache
-        get each sequence's final state and conv window."""
+        get each sequence's final state and conv window. In a chunked prefill
+        (`ctx.cached_lens`), a sequence with cached tokens continues from its cache row's
+        state and window (`causal_conv`); one with no token in the chunk keeps them."""
         p, t = params, ctx.num_tokens
-        cu, seq = ctx.cu_seqlens, ctx.seq_ids
+        cu = ctx.cu_seqlens
         s = cu.shape[0] - 1
-        idx = jnp.arange(t, dtype=jnp.int32)
         arena, z, xbc_in, dt = self._zxbcdt(env, p, arena, ctx.x, t)
-        # Causal depthwise conv within each sequence: tap j reads token t - j.
-        conv = p["conv_b"] + xbc_in * p["conv_w"][CONV_KERNEL - 1]
-        for j in range(1, CONV_KERNEL):
-            prev = jnp.roll(xbc_in, j, axis=0)
-            same = (idx >= j) & (jnp.roll(seq, j) == seq)
-            conv = conv + jnp.where(same[:, None], prev, 0.0) * p["conv_w"][CONV_KERNEL - 1 - j]
-        # The conv window decode starts from: the last 3 pre-conv inputs of each sequence
-        # (zeros before its start).
-        win = []
-        for j in range(CONV_KERNEL - 1, 0, -1):
-            pos = cu[1:] - j
-            ok = pos >= cu[:-1]
-            win.append(jnp.where(ok[:, None], xbc_in[jnp.maximum(pos, 0)], 0.0))
-        conv_cache = cache["conv"].at[:s].set(jnp.stack(win, 1))
+        window = cached_or_zeros(cache["conv"], ctx)
+        init = cached_or_zeros(cache["state"], ctx)
+        conv, win = prefill_conv(xbc_in, p["conv_w"], ctx, bias=p["conv_b"], window=window)
+        conv_cache = cache["conv"].at[:s].set(win)
         conv_cache, arena = jax.lax.optimization_barrier((conv_cache, arena))
         x, b, cc = self._split_xbc(env, stored(jax.nn.silu(conv)))  # as `ssm_deinterleaved`
         arena, y, final = ssd_chunked_scan_into(
             arena, env.plan, x.astype(BF16), dt, -jnp.exp(p["A_log"].astype(F32)), b, cc,
             D=p["D"].astype(F32), dt_bias=p["dt_bias"].astype(F32), dt_softplus=True,
-            cu_seqlens=cu, interpret=env.interpret,
+            initial_states=init, cu_seqlens=cu, interpret=env.interpret,
         )  # fmt: skip
         cache = {"state": cache["state"].at[:s].set(final), "conv": conv_cache}
         cache, arena = jax.lax.optimization_barrier((cache, arena))
