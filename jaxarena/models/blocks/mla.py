@@ -52,7 +52,7 @@ from jaxarena.models.blocks.base import Block, Env, StepContext, dense_init
 from jaxarena.models.core.arena import BF16, F32, dequant_weight, get, is_fp8, linear, stored
 from jaxarena.models.core.mla_rope import Yarn, inverse_frequencies, mla_rope
 from jaxarena.models.core.norms import rms_norm
-from pallas_kernels import splitk_decode_attention_into
+from pallas_kernels import paged_prefill_attention_into, splitk_decode_attention_into
 from pallas_kernels.splitk_decode_attention import splitk_num_splits
 
 __all__ = ["MLA", "mla_dims"]
@@ -87,6 +87,7 @@ class MLA(Block):
 
     kind: ClassVar[str] = "mla"
     input_in_ctx: ClassVar[bool] = True
+    chunked_prefill: ClassVar[bool] = True  # a chunk's queries read the earlier chunks' latents
     rope_theta: float = 10000.0
     rope_interleave: bool = True
     yarn: Yarn | None = None
@@ -200,29 +201,34 @@ class MLA(Block):
 
     # -- steps -------------------------------------------------------------------------------------
 
+    def _absorb_prefill(self, q, w, nope: int):
+        """The absorbed prefill query `[q_nope W_uk^T | q_rope]` (`[T, H, kv_lora + rope]`,
+        bf16 as `ssm_deinterleaved` would hold it). Unlike decode's, this multiplies by the
+        `W_uk` slice of `w`: a copy of `kv_lora * H * nope` weights, against the `[T, H, v]`
+        zero padding of the query that using `w` whole would cost (smaller from a few hundred
+        tokens on: 256 for DeepSeek-V3)."""
+        q_lat = self._mul("thn,chn->thc", q[..., :nope], w[..., :nope])
+        return jnp.concatenate([q_lat, q[..., nope:]], -1).astype(BF16)
+
     def prefill(self, env: Env, params, arena, cache, ctx: StepContext):
-        """Appends the prompts' latents; expanded causal attention within each packed sequence
-        (the keys and values expanded from the bf16 cache rows, rounded as `ssm_qkvz` would
-        store them); `o_proj`. Returns `(arena, cache, out)`."""
+        """Appends the chunk's latents; absorbed causal attention of each packed sequence's
+        queries over its cached latents (earlier chunks, `ctx.cached_lens`) plus the chunk's
+        own, by the paged prefill kernel's latent path written in place into `attn_output`;
+        `W_uv`; `o_proj`. Returns `(arena, cache, out)`."""
         c, t = env.config, ctx.num_tokens
         H, nope, rope, v, kv_lora, _ = mla_dims(c)
         arena, q, latent = self._project(env, params, arena, ctx)
         cache = self._append(env, cache, latent, ctx)
-        # Attention reads what decode reads: bf16 queries and the bf16 latent rows.
-        q = q.astype(BF16).astype(F32)
-        lat = latent.astype(BF16).astype(F32)
-        kv = self._mul("tc,chd->thd", lat[:, :kv_lora], self._kv_b(params, c))
-        kv = jnp.concatenate([kv[..., :nope].reshape(t, -1), kv[..., nope:].reshape(t, -1)], -1)
-        kv = stored(kv)  # as `ssm_qkvz` would hold it
-        k_nope = kv[:, : H * nope].reshape(t, H, nope)
-        val = kv[:, H * nope :].reshape(t, H, v)
-        k_rope = lat[:, kv_lora:]
-        logits = (jnp.einsum("thn,uhn->htu", q[..., :nope], k_nope)
-                  + jnp.einsum("thr,ur->htu", q[..., nope:], k_rope)) * self.sm_scale(c)  # fmt: skip
-        idx, seq = jnp.arange(t, dtype=jnp.int32), ctx.seq_ids
-        mask = (seq[:, None] == seq[None, :]) & (idx[None, :] <= idx[:, None])
-        probs = jax.nn.softmax(jnp.where(mask[None], logits, -jnp.inf), axis=-1)
-        o = jnp.einsum("htu,uhv->thv", probs, val)
+        w = self._kv_b(params, c)
+        # Plain prefill: each sequence's context is its own queries.
+        lens = ctx.cu_seqlens[1:] - ctx.cu_seqlens[:-1] if ctx.seq_lens is None else ctx.seq_lens
+        arena = paged_prefill_attention_into(
+            arena, env.plan, self._absorb_prefill(q, w, nope), cache["latent"], None,
+            ctx.block_tables, ctx.cu_seqlens, lens, sm_scale=self.sm_scale(c),
+            v_head_dim=kv_lora, interpret=env.interpret,
+        )  # fmt: skip
+        o_lat = get(env.plan, arena, "attn_output", (t, H, kv_lora))
+        o = self._mul("thc,chv->thv", o_lat, w[..., nope:])
         arena, out = self._out(env, params, arena, o)
         return arena, cache, out
 
