@@ -12,29 +12,37 @@ the values being the cache's first `kv_lora_rank` columns) and the latent output
 through `W_uv` before `o_proj`. Per step that reads `L * (kv_lora + rope)` cache values per
 sequence instead of expanding `L * H * (nope + v)`.
 
-Prefill EXPANDS `kv_b_proj` per chunk (the whole packed prompt is one chunk): keys
-`[c W_uk | k_rope]` and values `c W_uv` per head, then causal attention with the q/k width
-`nope + rope` and value width `v`. Why not absorb there as well: absorbed attention costs
-`H * T^2 * (2 kv_lora + rope)` multiply-adds per chunk (1088 per query-key pair and head for
-DeepSeek-V3) against `H * T^2 * (nope + rope + v)` (320) expanded, while the expansion itself
-is linear in `T` (`T * kv_lora * H * (nope + v)`): for any prompt longer than a few tokens
-expanding is cheaper, and it keeps prefill on the ordinary (D_qk != D_v) attention path. The
-absorbed prefill was not built to measure it against. Measured with a deviceless H200 compile
-of one DeepSeek-V3 layer (8 sequences, 64-token pages): decode 35 launches and 3.0 MB temp
-(a Llama-3.1-8B attention block: 14 launches); prefill of 256 tokens 34 launches and 117 MB
-temp, most of it the dense `[H, T, T]` logits and probabilities of this einsum attention.
+Prefill absorbs it as well: the absorbed queries `[q_nope W_uk^T | q_rope]` of the chunk
+run through the paged prefill kernel's latent path (`v_cache=None`, `v_head_dim=kv_lora`)
+over the latent cache the chunk was appended to, so a chunk of a long prompt reads the
+earlier chunks' latents (`chunked_prefill`) and nothing grows as `T^2` (the dense `[H, T, T]`
+logits of the former expanded einsum prefill: 6.4 GiB of temp at 2048 tokens on DeepSeek-V3's
+widths). The FLOP trade: per query-key pair and head the absorbed form multiplies
+`kv_lora + rope` (logits) plus `kv_lora` (values) = 1088 for DeepSeek-V3, against
+`nope + rope + v` = 320 for attention over expanded keys and values (3.4x); the projections
+through `kv_b_proj` cost the same `T * H * kv_lora * (nope + v)` in both (the queries and the
+outputs instead of the keys and values). The expanded form would need the `[L, H, nope + v]`
+keys and values of the whole context per chunk (or an expanded cache). vLLM's MLA backends
+expand for prefill (compute-bound) and absorb for decode; this block absorbs in both for one
+path over the latent cache, memory bounded by the chunk and chunked prefill.
+The latent output `[T, H, kv_lora]` is written in place into `attn_output`, which the sizing
+makes `T * H * (kv_lora + rope)` bf16 wide for MLA (it holds `max_batch_tokens` rows); `W_uv`
+and `o_proj` read it from there. Measured with a deviceless H200 compile of DeepSeek-V3's
+widths (`benchmarks/step_costs.py`, 4 layers: 3 with a dense MLP, 1 with a routed MoE): prefill temp
+6441 -> 808 MiB at 2048 tokens and 66864 -> 3233 MiB at 8192 (the absorbed query
+`[T, H, kv_lora + rope]` and its GEMM output most of it), launches 138 -> 136 and 162 -> 142.
+Decode (35 launches and 3.0 MB temp per layer at 8 sequences) is unchanged.
 
 Softmax scale: `(nope + rope)^-1/2`, times YaRN's `mscale(factor, mscale_all_dim)^2` when
 the config has YaRN with `mscale_all_dim` (transformers' `yarn_apply_mscale`); cos/sin carry
 YaRN's `attention_factor` (see `jaxarena.models.core.mla_rope`).
 
 Under the step rule (jaxarena/models/README.md, "what goes through the arena") the arena holds
-what the split-K kernel writes (decode's latent output `[B, H * kv_lora]` in `attn_output`,
-its partials in `splitk_workspace`) and the FP8 activation buffers. The rest are XLA values
+what the attention kernels write (the latent output `[T, H * kv_lora]` in `attn_output`,
+split-K's partials in `splitk_workspace`) and the FP8 activation buffers. The rest are XLA values
 rounded to bf16 as their regions would store them: the normed q latent (`ssm_ba`), the
-`[q | c_raw | k_rope_raw]` rows (`qkv_output`), prefill's expanded `[K | V]` rows (`ssm_qkvz`),
-decode's absorbed query (`ssm_deinterleaved`) and the `[T, H * v]` rows into `o_proj`
-(`attn_output`).
+`[q | c_raw | k_rope_raw]` rows (`qkv_output`), the absorbed query (`ssm_deinterleaved`) and
+the `[T, H * v]` rows into `o_proj` (`attn_output`).
 """
 
 from __future__ import annotations
