@@ -6,9 +6,10 @@ launches and temp of `ArenaLM.prefill` / `decode_step` vs these.
 Also builds an `ArenaLM` at real widths from a config dict without weights (abstract bf16
 parameters and caches, `jax.ShapeDtypeStruct`), for `compile_for_gpu`.
 
-Attention (gated and partial-RoPE included), MLA (absorbed split-K decode over the latent
-cache, the block's expanded einsum prefill), MLP, MoE (bf16 experts on the same Pallas grouped
-GEMM), Mamba-2 and Gated DeltaNet blocks; `plain_*` raise NotImplementedError for any other.
+Attention (gated and partial-RoPE included), MLA (absorbed attention over the latent cache:
+the paged prefill and split-K kernels' latent paths), MLP, MoE (bf16 experts on the same
+Pallas grouped GEMM), Mamba-2 and Gated DeltaNet blocks; `plain_*` raise NotImplementedError
+for any other.
 """
 
 from __future__ import annotations
@@ -162,10 +163,11 @@ def _attention(model, b: Attention, p, x, cache, ctx, mode):
 
 def _mla(model, b: MLA, p, x, cache, ctx, mode):
     """The MLA block plainly (jaxarena/models/blocks/mla.py): bf16 projections, the latent
-    `[c | k_rope]` appended to the paged cache; prefill expands `kv_b_proj` and runs the
-    block's causal einsum attention, decode absorbs it into the query and runs the standalone
-    split-K kernel over the latent cache (its own split policy: no region caps the partials).
-    The block's pure helpers (`_rope`, `_kv_b`, `_mul`, `sm_scale`) are reused."""
+    `[c | k_rope]` appended to the paged cache; `kv_b_proj` absorbed into the query, the
+    standalone paged prefill kernel (prefill) or split-K kernel (decode, its own split policy:
+    no region caps the partials) over the latent cache, the latent output through `W_uv`.
+    The block's pure helpers (`_rope`, `_kv_b`, `_mul`, `_absorb_prefill`, `sm_scale`) are
+    reused."""
     c, t = model.config, x.shape[0]
     H, nope, rope, v, kv_lora, q_lora = mla_dims(c)
     if q_lora:
@@ -185,14 +187,12 @@ def _mla(model, b: MLA, p, x, cache, ctx, mode):
     cache = {"latent": full.reshape(-1, full.shape[-1]).at[slots].set(latent).reshape(full.shape)}
     w, scale = b._kv_b(p, c), b.sm_scale(c)
     if mode == "prefill":
-        kvx = b._mul("tc,chd->thd", latent[:, :kv_lora], w).astype(BF16).astype(F32)
-        qf, k_rope = q.astype(F32), latent[:, kv_lora:].astype(F32)
-        logits = (jnp.einsum("thn,uhn->htu", qf[..., :nope], kvx[..., :nope])
-                  + jnp.einsum("thr,ur->htu", qf[..., nope:], k_rope)) * scale  # fmt: skip
-        idx, seq = jnp.arange(t, dtype=I32), ctx["seq_ids"]
-        mask = (seq[:, None] == seq[None, :]) & (idx[None, :] <= idx[:, None])
-        probs = jax.nn.softmax(jnp.where(mask[None], logits, -jnp.inf), axis=-1)
-        o = jnp.einsum("htu,uhv->thv", probs, kvx[..., nope:])
+        cu = ctx["cu_seqlens"]
+        o_lat = paged_prefill_attention(b._absorb_prefill(q, w, nope), cache["latent"], None,
+                                        ctx["block_tables"], cu, cu[1:] - cu[:-1],
+                                        sm_scale=scale, v_head_dim=kv_lora,
+                                        interpret=model.interpret)  # fmt: skip
+        o = b._mul("thc,chv->thv", o_lat, w[..., nope:])
     else:
         q_pad = jnp.pad(q[..., :nope], ((0, 0), (0, 0), (0, v)))  # zeros against W_uv
         qa = jnp.concatenate([b._mul("bhd,chd->bhc", q_pad, w), q[..., nope:]], -1)

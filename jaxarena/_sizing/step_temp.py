@@ -67,6 +67,7 @@ from typing import Any
 
 __all__ = [
     "DECODE_FIXED",
+    "DEFAULT_PREFILL_CHUNK",
     "ESTIMATE_MARGIN",
     "MAMBA_BYTES_PER_WIDTH",
     "PREFILL_BYTES_PER_HIDDEN",
@@ -78,6 +79,10 @@ __all__ = [
 ]
 
 GIB = 1 << 30
+# Tokens per chunk of a long prefill (`ArenaLM.prefill_chunk="auto"`): a prefill of more tokens
+# runs as chunks of this many through every layer, so its XLA temp is one chunk's
+# (benchmarks/step_costs.py --prefill-chunk; the README's "fixed workspace" figures).
+DEFAULT_PREFILL_CHUNK = 2048
 # The runtime's own share outside the plan and XLA's temp: the CUDA context, cuBLAS / cuDNN
 # workspaces, NCCL channel buffers. Not measurable without a GPU; kept from the old default.
 RUNTIME_RESERVE = GIB
@@ -100,7 +105,10 @@ def _mlp_width(config: Any) -> int:
 
 def prefill_temp_estimate(config: Any, max_batch_tokens: int) -> int:
     """Estimated XLA temp bytes of the prefill step at `max_batch_tokens` tokens (per device:
-    pass the sharded config); see the module docstring for the formula and its fit."""
+    pass the sharded config): one chunk's, `min(max_batch_tokens, DEFAULT_PREFILL_CHUNK)`
+    tokens (the steps run longer prefills in chunks); see the module docstring for the
+    formula and its fit."""
+    max_batch_tokens = min(max_batch_tokens, DEFAULT_PREFILL_CHUNK)
     dense = (PREFILL_BYTES_PER_INTERMEDIATE * _mlp_width(config)
              + PREFILL_BYTES_PER_HIDDEN * config.hidden_size)  # fmt: skip
     mamba = MAMBA_BYTES_PER_WIDTH * int(getattr(config, "mamba2_in_proj_size", 0) or 0)

@@ -34,16 +34,13 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxarena import ArenaPlan, Levers, ModelConfig, Target
+from jaxarena._sizing.step_temp import DEFAULT_PREFILL_CHUNK
 from jaxarena.models.blocks.base import Block, Env, StepContext
 from jaxarena.models.core.arena import BF16, F32, put, stored
 from jaxarena.models.core.norms import rms_norm
 from jaxarena.models.scan_layers import layer_runs, stack_caches, stack_params, unstack_caches
 
 __all__ = ["Arch", "ArenaLM", "DEFAULT_PREFILL_CHUNK"]
-
-# Tokens per chunk of a long prefill (`ArenaLM.prefill_chunk="auto"`). Measured on the H200
-# compile at Qwen3-0.6B widths (benchmarks/step_costs.py --prefill-chunk): see the README.
-DEFAULT_PREFILL_CHUNK = 2048
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

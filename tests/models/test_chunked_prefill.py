@@ -70,6 +70,35 @@ def test_chunked_prefill_matches_one_pass(runs, name):
     assert lm.decode_counter.count == 1
 
 
+def test_chunked_prefill_of_an_mla_model_matches_one_pass(runs):
+    """deepseek_v3 (MLA and a routed MoE layer): the two long prompts prefilled in 8-token
+    chunks (each chunk's absorbed attention reads the earlier chunks' latents) against the
+    session's one-pass run of all four prompts (lm_runs). Bound as above with
+    test_pretrained_mla's atol (its MoE routing term included), on the steps
+    test_pretrained_mla compares (decided router margins, earlier tokens equal to
+    transformers') whose earlier tokens also agree between the two runs. (Measured: all 16
+    steps compared, within 0.016 of each other against 2 atol = 1.11; the 16 tokens equal.)
+    About 9 s on top of the session's deepseek_v3 run."""
+    from test_pretrained_mla import atol_of, greedy_mask
+
+    name = "deepseek_v3"
+    r, ref_lm = runs.run(name), runs.lm(name)
+    long = [i for i, n in enumerate(r["ref"]["prompt_lengths"]) if n > SMALL["max_batch_tokens"]]
+    assert len(long) == 2
+    lm = load_pretrained(CHECKPOINTS / name, **SMALL, compiler_options=FAST_CPU_COMPILE)
+    got_tokens, got = lm.generate([r["ref"]["prompts"][i] for i in long], NEW_TOKENS,
+                                  return_logits=True)  # fmt: skip
+    assert "prefill_chunk" in lm.compile_seconds and "prefill" not in lm.compile_seconds
+    want_tokens, want = r["tokens"][long], r["logits"][long]
+    atol = atol_of(ref_lm, r["ref"])
+    mask = greedy_mask(ref_lm, r)[long]
+    mask &= decided_and_same_context(np.inf, np.asarray(got_tokens), want_tokens, -np.inf)
+    assert mask[:, 0].all() and mask.sum() >= NEW_TOKENS, mask
+    np.testing.assert_allclose(got[mask], want[mask], atol=2 * atol, rtol=0)
+    strict = mask & (top2_gap(want) > 4 * atol)
+    np.testing.assert_array_equal(np.asarray(got_tokens)[strict], want_tokens[strict])
+
+
 def test_chunked_prefill_of_an_unchunked_block_is_refused(monkeypatch):
     """A model with a block that declares no `chunked_prefill` refuses prompts over
     `max_batch_tokens` before compiling anything (every block kind now continues chunks, so

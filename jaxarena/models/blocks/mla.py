@@ -12,29 +12,37 @@ the values being the cache's first `kv_lora_rank` columns) and the latent output
 through `W_uv` before `o_proj`. Per step that reads `L * (kv_lora + rope)` cache values per
 sequence instead of expanding `L * H * (nope + v)`.
 
-Prefill EXPANDS `kv_b_proj` per chunk (the whole packed prompt is one chunk): keys
-`[c W_uk | k_rope]` and values `c W_uv` per head, then causal attention with the q/k width
-`nope + rope` and value width `v`. Why not absorb there as well: absorbed attention costs
-`H * T^2 * (2 kv_lora + rope)` multiply-adds per chunk (1088 per query-key pair and head for
-DeepSeek-V3) against `H * T^2 * (nope + rope + v)` (320) expanded, while the expansion itself
-is linear in `T` (`T * kv_lora * H * (nope + v)`): for any prompt longer than a few tokens
-expanding is cheaper, and it keeps prefill on the ordinary (D_qk != D_v) attention path. The
-absorbed prefill was not built to measure it against. Measured with a deviceless H200 compile
-of one DeepSeek-V3 layer (8 sequences, 64-token pages): decode 35 launches and 3.0 MB temp
-(a Llama-3.1-8B attention block: 14 launches); prefill of 256 tokens 34 launches and 117 MB
-temp, most of it the dense `[H, T, T]` logits and probabilities of this einsum attention.
+Prefill absorbs it as well: the absorbed queries `[q_nope W_uk^T | q_rope]` of the chunk
+run through the paged prefill kernel's latent path (`v_cache=None`, `v_head_dim=kv_lora`)
+over the latent cache the chunk was appended to, so a chunk of a long prompt reads the
+earlier chunks' latents (`chunked_prefill`) and nothing grows as `T^2` (the dense `[H, T, T]`
+logits of the former expanded einsum prefill: 6.4 GiB of temp at 2048 tokens on DeepSeek-V3's
+widths). The FLOP trade: per query-key pair and head the absorbed form multiplies
+`kv_lora + rope` (logits) plus `kv_lora` (values) = 1088 for DeepSeek-V3, against
+`nope + rope + v` = 320 for attention over expanded keys and values (3.4x); the projections
+through `kv_b_proj` cost the same `T * H * kv_lora * (nope + v)` in both (the queries and the
+outputs instead of the keys and values). The expanded form would need the `[L, H, nope + v]`
+keys and values of the whole context per chunk (or an expanded cache). vLLM's MLA backends
+expand for prefill (compute-bound) and absorb for decode; this block absorbs in both for one
+path over the latent cache, memory bounded by the chunk and chunked prefill.
+The latent output `[T, H, kv_lora]` is written in place into `attn_output`, which the sizing
+makes `T * H * (kv_lora + rope)` bf16 wide for MLA (it holds `max_batch_tokens` rows); `W_uv`
+and `o_proj` read it from there. Measured with a deviceless H200 compile of DeepSeek-V3's
+widths (`benchmarks/step_costs.py`, 4 layers: 3 with a dense MLP, 1 with a routed MoE): prefill temp
+6441 -> 808 MiB at 2048 tokens and 66864 -> 3233 MiB at 8192 (the absorbed query
+`[T, H, kv_lora + rope]` and its GEMM output most of it), launches 138 -> 136 and 162 -> 142.
+Decode (35 launches and 3.0 MB temp per layer at 8 sequences) is unchanged.
 
 Softmax scale: `(nope + rope)^-1/2`, times YaRN's `mscale(factor, mscale_all_dim)^2` when
 the config has YaRN with `mscale_all_dim` (transformers' `yarn_apply_mscale`); cos/sin carry
 YaRN's `attention_factor` (see `jaxarena.models.core.mla_rope`).
 
 Under the step rule (jaxarena/models/README.md, "what goes through the arena") the arena holds
-what the split-K kernel writes (decode's latent output `[B, H * kv_lora]` in `attn_output`,
-its partials in `splitk_workspace`) and the FP8 activation buffers. The rest are XLA values
+what the attention kernels write (the latent output `[T, H * kv_lora]` in `attn_output`,
+split-K's partials in `splitk_workspace`) and the FP8 activation buffers. The rest are XLA values
 rounded to bf16 as their regions would store them: the normed q latent (`ssm_ba`), the
-`[q | c_raw | k_rope_raw]` rows (`qkv_output`), prefill's expanded `[K | V]` rows (`ssm_qkvz`),
-decode's absorbed query (`ssm_deinterleaved`) and the `[T, H * v]` rows into `o_proj`
-(`attn_output`).
+`[q | c_raw | k_rope_raw]` rows (`qkv_output`), the absorbed query (`ssm_deinterleaved`) and
+the `[T, H * v]` rows into `o_proj` (`attn_output`).
 """
 
 from __future__ import annotations
@@ -52,7 +60,7 @@ from jaxarena.models.blocks.base import Block, Env, StepContext, dense_init
 from jaxarena.models.core.arena import BF16, F32, dequant_weight, get, is_fp8, linear, stored
 from jaxarena.models.core.mla_rope import Yarn, inverse_frequencies, mla_rope
 from jaxarena.models.core.norms import rms_norm
-from pallas_kernels import splitk_decode_attention_into
+from pallas_kernels import paged_prefill_attention_into, splitk_decode_attention_into
 from pallas_kernels.splitk_decode_attention import splitk_num_splits
 
 __all__ = ["MLA", "mla_dims"]
@@ -87,6 +95,7 @@ class MLA(Block):
 
     kind: ClassVar[str] = "mla"
     input_in_ctx: ClassVar[bool] = True
+    chunked_prefill: ClassVar[bool] = True  # a chunk's queries read the earlier chunks' latents
     rope_theta: float = 10000.0
     rope_interleave: bool = True
     yarn: Yarn | None = None
@@ -200,29 +209,34 @@ class MLA(Block):
 
     # -- steps -------------------------------------------------------------------------------------
 
+    def _absorb_prefill(self, q, w, nope: int):
+        """The absorbed prefill query `[q_nope W_uk^T | q_rope]` (`[T, H, kv_lora + rope]`,
+        bf16 as `ssm_deinterleaved` would hold it). Unlike decode's, this multiplies by the
+        `W_uk` slice of `w`: a copy of `kv_lora * H * nope` weights, against the `[T, H, v]`
+        zero padding of the query that using `w` whole would cost (smaller from a few hundred
+        tokens on: 256 for DeepSeek-V3)."""
+        q_lat = self._mul("thn,chn->thc", q[..., :nope], w[..., :nope])
+        return jnp.concatenate([q_lat, q[..., nope:]], -1).astype(BF16)
+
     def prefill(self, env: Env, params, arena, cache, ctx: StepContext):
-        """Appends the prompts' latents; expanded causal attention within each packed sequence
-        (the keys and values expanded from the bf16 cache rows, rounded as `ssm_qkvz` would
-        store them); `o_proj`. Returns `(arena, cache, out)`."""
+        """Appends the chunk's latents; absorbed causal attention of each packed sequence's
+        queries over its cached latents (earlier chunks, `ctx.cached_lens`) plus the chunk's
+        own, by the paged prefill kernel's latent path written in place into `attn_output`;
+        `W_uv`; `o_proj`. Returns `(arena, cache, out)`."""
         c, t = env.config, ctx.num_tokens
         H, nope, rope, v, kv_lora, _ = mla_dims(c)
         arena, q, latent = self._project(env, params, arena, ctx)
         cache = self._append(env, cache, latent, ctx)
-        # Attention reads what decode reads: bf16 queries and the bf16 latent rows.
-        q = q.astype(BF16).astype(F32)
-        lat = latent.astype(BF16).astype(F32)
-        kv = self._mul("tc,chd->thd", lat[:, :kv_lora], self._kv_b(params, c))
-        kv = jnp.concatenate([kv[..., :nope].reshape(t, -1), kv[..., nope:].reshape(t, -1)], -1)
-        kv = stored(kv)  # as `ssm_qkvz` would hold it
-        k_nope = kv[:, : H * nope].reshape(t, H, nope)
-        val = kv[:, H * nope :].reshape(t, H, v)
-        k_rope = lat[:, kv_lora:]
-        logits = (jnp.einsum("thn,uhn->htu", q[..., :nope], k_nope)
-                  + jnp.einsum("thr,ur->htu", q[..., nope:], k_rope)) * self.sm_scale(c)  # fmt: skip
-        idx, seq = jnp.arange(t, dtype=jnp.int32), ctx.seq_ids
-        mask = (seq[:, None] == seq[None, :]) & (idx[None, :] <= idx[:, None])
-        probs = jax.nn.softmax(jnp.where(mask[None], logits, -jnp.inf), axis=-1)
-        o = jnp.einsum("htu,uhv->thv", probs, val)
+        w = self._kv_b(params, c)
+        # Plain prefill: each sequence's context is its own queries.
+        lens = ctx.cu_seqlens[1:] - ctx.cu_seqlens[:-1] if ctx.seq_lens is None else ctx.seq_lens
+        arena = paged_prefill_attention_into(
+            arena, env.plan, self._absorb_prefill(q, w, nope), cache["latent"], None,
+            ctx.block_tables, ctx.cu_seqlens, lens, sm_scale=self.sm_scale(c),
+            v_head_dim=kv_lora, interpret=env.interpret,
+        )  # fmt: skip
+        o_lat = get(env.plan, arena, "attn_output", (t, H, kv_lora))
+        o = self._mul("thc,chv->thv", o_lat, w[..., nope:])
         arena, out = self._out(env, params, arena, o)
         return arena, cache, out
 
