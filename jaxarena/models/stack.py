@@ -229,11 +229,20 @@ class ArenaLM:
             block_ctx = ctx._replace(x=normed)
         else:
             arena, block_ctx = put(self.plan, arena, "norm_output", normed), ctx
-        step = block.prefill if mode == "prefill" else block.decode
+        step = block.decode if mode == "decode" else block.prefill
         arena, cache, out = step(env, p, arena, cache, block_ctx)
         if "post_norm" in p:
             out = rms_norm(out, p["post_norm"], eps)
-        return arena, cache, stored(h + out)
+        h = stored(h + out)
+        if mode == "prefill_chunk":
+            # In a chunk of a long prefill the residual stream is materialised (bf16) after
+            # every block: else XLA may fuse each add into its consumers and keep every
+            # block's float32 output alive to the end of the pass (mamba2-2.7b, 2048-token
+            # chunks: +16 MiB per layer, 1,175 MiB of temp at 64 layers where one chunk needs
+            # 111). One more launch per block (the add no longer fuses into the next norm),
+            # so the one-pass prefill, held to the plain step's launches, does not do it.
+            h = lax.optimization_barrier(h.astype(BF16)).astype(F32)
+        return arena, cache, h
 
     def _scan_run(self, mode: str, blocks, group, repeats: int, arena, caches, h, ctx):
         """A run of `repeats` repetitions of `blocks` as one `lax.scan` (scanned layout,
@@ -351,7 +360,7 @@ class ArenaLM:
             cu = jnp.clip(cu_seqlens - start, 0, n)
             cached = base + jnp.clip(start - cu_seqlens[:-1], 0, lens)
             arena, caches, h = self._prefill_pass(params, arena, caches, toks, cu,
-                                                  block_tables, cached)  # fmt: skip
+                                                  block_tables, cached, "prefill_chunk")  # fmt: skip
             if rows_h is not None:  # keep the rows of the sequences that end in this chunk
                 here = (last >= start) & (last < start + n)
                 rows_h = jnp.where(here[:, None], h[jnp.clip(last - start, 0, n - 1)], rows_h)
@@ -376,7 +385,8 @@ class ArenaLM:
         arena, logits = self._lm_head(arena, params, rows_h)
         return arena, caches, logits
 
-    def _prefill_pass(self, params, arena, caches, tokens, cu_seqlens, block_tables, cached_lens):
+    def _prefill_pass(self, params, arena, caches, tokens, cu_seqlens, block_tables, cached_lens,
+                      mode: str = "prefill"):  # fmt: skip
         """One pass of `tokens` through every block: `(arena, caches, h)` with `h` the final
         residual stream, `float32[T, hidden]` (bf16-rounded)."""
         t = tokens.shape[0]
@@ -394,7 +404,7 @@ class ArenaLM:
         ctx = StepContext(positions=positions, seq_ids=seq, block_tables=block_tables,
                           cu_seqlens=cu_seqlens, seq_lens=seq_lens,
                           cached_lens=cached)  # fmt: skip
-        return self._blocks("prefill", params, arena, caches, tokens, ctx)
+        return self._blocks(mode, params, arena, caches, tokens, ctx)
 
     def decode_step(self, params, arena, caches, tokens, positions, block_tables, seq_lens):
         """One decode step for `B` sequences (one new token each).
