@@ -35,6 +35,11 @@ rounded to bf16 as their regions would store them: the normed q latent (`ssm_ba`
 `[q | c_raw | k_rope_raw]` rows (`qkv_output`), prefill's expanded `[K | V]` rows (`ssm_qkvz`),
 decode's absorbed query (`ssm_deinterleaved`) and the `[T, H * v]` rows into `o_proj`
 (`attn_output`).
+
+Block-FP8 checkpoints (DeepSeek-V3 and Kimi-K2 as released): `q_a` / `q_b` (or `q_proj`),
+`kv_a` and `o_proj` stay e4m3 with their 128 x 128 block scales and multiply 1 x 128
+quantized activations (`core.arena.linear`, the `fp8_act` buffers, as a dense FP8 model's
+projections); `kv_b` is dequantized to bf16 once at load (`_bf16_weight` says why).
 """
 
 from __future__ import annotations
