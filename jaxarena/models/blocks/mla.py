@@ -108,11 +108,12 @@ def _bf16_weight(w: Any) -> Any:
         return w
     q, s = w["w"], w["scale_inv"]
     n, k = q.shape
-    if not isinstance(q, np.ndarray):
+    if isinstance(q, jax.ShapeDtypeStruct):
         return jax.ShapeDtypeStruct((k, n), BF16)
     blk = workspaces.FP8_BLOCK
     full = np.repeat(np.repeat(np.asarray(s, np.float32), blk, 0), blk, 1)[:n, :k]
-    return np.ascontiguousarray((q.astype(np.float32) * full).T.astype(ml_dtypes.bfloat16))
+    deq = np.asarray(q).astype(np.float32) * full
+    return np.ascontiguousarray(deq.T.astype(ml_dtypes.bfloat16))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
