@@ -88,8 +88,10 @@ class WeightTensor:
         `(out_features, in_features)`.
       count: how many such tensors (layers x experts ...).
       fp8: True when an FP8 block-quantized checkpoint stores it as e4m3 with 128 x 128 f32
-        block scales (linear weights of attention, MLPs, experts and SSM projections); False
-        for embeddings, the LM head, norms, routers, biases, convs and A/D/dt (kept in bf16).
+        block scales and the models keep it so on the device (linear weights of attention,
+        MLPs, experts and SSM projections); False for embeddings, the LM head, norms,
+        routers, biases, convs and A/D/dt (kept in bf16), and MLA's `kv_b_proj` (dequantized
+        to bf16 at load).
       itemsize: bytes per element when not FP8 (2 for bf16; 4 for the f32 router-correction
         buffers that checkpoints ship in f32).
       buffer: True for a registered buffer that the checkpoint holds but `parameters()` does
@@ -229,9 +231,9 @@ def _mla(c: Any, n: int, out: list[WeightTensor]) -> None:
     out += [
         WeightTensor(a, "self_attn.kv_a_proj_with_mqa.weight", (lora_kv + rope, h), n, fp8=True),
         WeightTensor("norms", "self_attn.kv_a_layernorm.weight", (lora_kv,), n),
-        WeightTensor(
-            a, "self_attn.kv_b_proj.weight", (heads * (qk - rope + v), lora_kv), n, fp8=True
-        ),
+        # Stored FP8 by an FP8 checkpoint, held bf16 on the device: the MLA block dequantizes
+        # it at load (its einsums take no FP8 weight; jaxarena/models/blocks/mla.py).
+        WeightTensor(a, "self_attn.kv_b_proj.weight", (heads * (qk - rope + v), lora_kv), n),
         WeightTensor(a, "self_attn.o_proj.weight", (h, heads * v), n, fp8=True),
     ]
     if bias:

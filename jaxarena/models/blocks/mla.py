@@ -43,6 +43,17 @@ split-K's partials in `splitk_workspace`) and the FP8 activation buffers. The re
 rounded to bf16 as their regions would store them: the normed q latent (`ssm_ba`), the
 `[q | c_raw | k_rope_raw]` rows (`qkv_output`), the absorbed query (`ssm_deinterleaved`) and
 the `[T, H * v]` rows into `o_proj` (`attn_output`).
+
+Block-FP8 checkpoints (DeepSeek-V3 and Kimi-K2 as released): `q_a` / `q_b` (or `q_proj`),
+`kv_a` and `o_proj` stay e4m3 with their 128 x 128 block scales and multiply 1 x 128
+quantized activations (`core.arena.linear`, the `fp8_act` buffers, as a dense FP8 model's
+projections); `kv_b` is dequantized to bf16 once at load (`_bf16_weight` says why).
+Measured (`step_report`, deviceless H200, DeepSeek-V3 widths with 4 layers, the 3 dense first;
+prefill 2048 tokens, decode 8 sequences): FP8 prefill 271 launches / 17.4 GB temp, decode
+268 / 67 MB; the same model with bf16 weights 138 / 6.75 GB and 124 / 5.2 MB. Both FP8
+temps match `core.arena.fp8_block_matmul`'s float32 `[T, N, K / 128]` partial products of the
+dense layers' gate and up projections (2 x 2048 x 18432 x 56 x 4 B = 16.9 GB; 66 MB at 8
+rows): a cost of the dense FP8 path, which every block-FP8 model shares.
 """
 
 from __future__ import annotations
@@ -54,10 +65,21 @@ from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
 
 from jaxarena import ModelConfig, workspaces
 from jaxarena.models.blocks.base import Block, Env, StepContext, dense_init
-from jaxarena.models.core.arena import BF16, F32, dequant_weight, get, is_fp8, linear, stored
+from jaxarena.models.core.arena import (
+    BF16,
+    F32,
+    dequant_weight,
+    fp8_regions,
+    get,
+    is_fp8,
+    linear,
+    stored,
+)
 from jaxarena.models.core.mla_rope import Yarn, inverse_frequencies, mla_rope
 from jaxarena.models.core.norms import rms_norm
 from pallas_kernels import paged_prefill_attention_into, splitk_decode_attention_into
@@ -72,6 +94,34 @@ def mla_dims(config: ModelConfig) -> tuple[int, int, int, int, int, int]:
     nope = config.head_dim - rope
     v = config.v_head_dim or nope
     return config.num_attention_heads, nope, rope, v, config.kv_lora_rank, config.q_lora_rank
+
+
+def _bf16_weight(w: Any) -> Any:
+    """A float `kv_b_proj` as read; a block-FP8 one as `bfloat16[in, out]`, dequantized once
+    (each 128 x 128 block's e4m3 values times its `scale_inv`, rounded to bf16), or its
+    `ShapeDtypeStruct` for a shapes-only reader (`jaxarena.step_report`).
+
+    Why not FP8 like the other projections: `kv_b` is no `x @ W` of block-quantized
+    activations. Decode contracts the query with `W_uk` over each head's `nope` rows and the
+    latent output with `W_uv` over the latent (absorption), prefill expands the latent rows
+    through it, all as einsums against the whole weight; no FP8 kernel takes those forms, so
+    FP8 storage would mean dequantizing it in every step of every layer (a float32 temporary
+    of 4 * kv_lora * H * (nope + v) bytes, 67 MB per DeepSeek-V3 layer, plus its launches).
+    bf16 keeps `_mul`'s products exact for bf16 operands, as for a bf16 checkpoint, at one
+    more byte per element than FP8: 16.8 MB per DeepSeek-V3 layer, 1.0 GB over its 61
+    layers (what `jaxarena._sizing.weights` counts). The cost is one bf16 rounding of each
+    weight (relative <= 2^-9); DeepSeek's own inference code also multiplies a dequantized
+    bf16 `wkv_b` in its absorbed attention."""
+    if not is_fp8(w):
+        return w
+    q, s = w["w"], w["scale_inv"]
+    n, k = q.shape
+    if isinstance(q, jax.ShapeDtypeStruct):
+        return jax.ShapeDtypeStruct((k, n), BF16)
+    blk = workspaces.FP8_BLOCK
+    full = np.repeat(np.repeat(np.asarray(s, np.float32), blk, 0), blk, 1)[:n, :k]
+    deq = np.asarray(q).astype(np.float32) * full
+    return np.ascontiguousarray(deq.T.astype(ml_dtypes.bfloat16))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -131,7 +181,9 @@ class MLA(Block):
     def read_params(self, reader: Any, config: ModelConfig, prefix: str,
                     norm: str) -> dict[str, Any]:  # fmt: skip
         """`{prefix}.{q_proj | q_a_proj, q_a_layernorm, q_b_proj}`, `kv_a_proj_with_mqa`,
-        `kv_a_layernorm`, `kv_b_proj`, `o_proj`."""
+        `kv_a_layernorm`, `kv_b_proj`, `o_proj`. Block-FP8 projections stay FP8 (`linear`
+        multiplies them with quantized activations) except `kv_b_proj`, dequantized to bf16
+        here (`_bf16_weight`)."""
         H, nope, rope, v, kv_lora, q_lora = mla_dims(config)
         h = config.hidden_size
         p = {"norm": reader.vector(norm, h)}
@@ -143,7 +195,7 @@ class MLA(Block):
             p["wq"] = reader.linear(f"{prefix}.q_proj", H * (nope + rope), h)
         p["wkv_a"] = reader.linear(f"{prefix}.kv_a_proj_with_mqa", kv_lora + rope, h)
         p["kv_a_norm"] = reader.vector(f"{prefix}.kv_a_layernorm.weight", kv_lora)
-        p["wkv_b"] = reader.linear(f"{prefix}.kv_b_proj", H * (nope + v), kv_lora)
+        p["wkv_b"] = _bf16_weight(reader.linear(f"{prefix}.kv_b_proj", H * (nope + v), kv_lora))
         p["wo"] = reader.linear(f"{prefix}.o_proj", h, H * v)
         return p
 
@@ -165,8 +217,10 @@ class MLA(Block):
         if q_lora:
             arena, qa = linear(plan, arena, x, (t, h), p["wq_a"], regions, interpret=it)
             qa = stored(rms_norm(qa, p["q_a_norm"], self.rms_eps))  # as `ssm_ba` holds it
-            # The q latent's width is no FP8 activation buffer's K: its bf16 rows are used.
-            arena, q = linear(plan, arena, qa, (t, q_lora), p["wq_b"], None, interpret=it)
+            # The q latent (q_lora <= hidden in every release) fits the `fp8_act` buffers,
+            # sized for the widest projection input.
+            q_regions = fp8_regions(plan, t, q_lora, regions)
+            arena, q = linear(plan, arena, qa, (t, q_lora), p["wq_b"], q_regions, interpret=it)
         else:
             arena, q = linear(plan, arena, x, (t, h), p["wq"], regions, interpret=it)
         arena, kv = linear(plan, arena, x, (t, h), p["wkv_a"], regions, interpret=it)
@@ -187,8 +241,9 @@ class MLA(Block):
 
     def _kv_b(self, p, config: ModelConfig):
         """`kv_b_proj` as `[kv_lora, H, nope + v]` (each head's `W_uk | W_uv`) in the stored
-        float dtype (FP8: dequantized to float32). It is used whole, never sliced, and a bf16
-        copy stays bf16: a sliced or float32 copy would be a temporary of up to
+        float dtype (an FP8 checkpoint's is bf16 from `read_params`; an FP8 dict given
+        otherwise is dequantized to float32 here, per step). It is used whole, never sliced,
+        and a bf16 copy stays bf16: a sliced or float32 copy would be a temporary of up to
         4 * kv_lora * H * (nope + v) bytes per layer (67 MB for DeepSeek-V3)."""
         H, nope, _, v, kv_lora, _ = mla_dims(config)
         w = p["wkv_b"]

@@ -16,16 +16,31 @@ import jax.numpy as jnp
 
 from jaxarena import ModelConfig, workspaces
 from jaxarena.models.blocks.base import Env, StatelessBlock, dense_init
-from jaxarena.models.core.arena import BF16, F32, is_fp8, linear, stored
+from jaxarena.models.core.arena import BF16, F32, fp8_regions, is_fp8, linear, stored
 
-__all__ = ["MLP", "FFN_QUANT_REGIONS", "MLP_ACTS"]
+__all__ = ["MLP", "FFN_QUANT_REGIONS", "MLP_ACTS", "ffn_down_regions"]
 
 MLP_ACTS = ("relu2", "swiglu", "geglu_tanh")
 # Gated MLPs: `down(act(gate x) * up x)`.
 _GATES = {"swiglu": jax.nn.silu, "geglu_tanh": lambda x: jax.nn.gelu(x, approximate=True)}
 # The FFN down projection quantizes into the dense-FFN activation buffers (when its K, the
-# intermediate size, is a multiple of 128; see `workspaces.ffn_fp8_uses_seed_regions`).
+# intermediate size, is a multiple of 128; see `workspaces.ffn_fp8_uses_seed_regions` and
+# `ffn_down_regions`).
 FFN_QUANT_REGIONS = ("ffn_act_a", "ffn_act_scale", "ffn_act_scale_kmajor")
+
+
+def ffn_down_regions(plan: Any, t: int, k: int) -> tuple[str, str, str] | None:
+    """Where a down projection of input width `k` quantizes its `t` rows: the dense-FFN
+    buffers (`FFN_QUANT_REGIONS`) when `k` is a multiple of 128 and they hold them (a dense
+    model's seed sizes them for max(hidden, intermediate)); else the projections' `fp8_act`
+    buffers when they hold them: an MoE model's seed sizes no dense-FFN buffers, yet its dense
+    layers (DeepSeek's first `first_k_dense_replace`) and shared experts have FP8 down
+    projections, and `fp8_act` is sized for the widest mixer projection (DeepSeek-V3's q
+    width 24576 holds its 18432 and 2048). None: the bf16 input is used (see
+    `core.arena.fp8_regions`)."""
+    if not workspaces.ffn_fp8_uses_seed_regions(k):
+        return None
+    return fp8_regions(plan, t, k, FFN_QUANT_REGIONS, workspaces.FP8_ACT_REGIONS)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -97,7 +112,7 @@ class MLP(StatelessBlock):
             act = stored(jnp.square(jax.nn.relu(up)))
         # The seed's floor(K / 128) k-major scales cannot hold ceil(K / 128) columns when the
         # intermediate size is not a multiple of 128: that projection reads its bf16 input.
-        regions = FFN_QUANT_REGIONS if workspaces.ffn_fp8_uses_seed_regions(inter) else None
+        regions = ffn_down_regions(plan, t, inter)
         arena, down = linear(plan, arena, act, (t, inter), p["w_down"], regions, quant=quant,
                              interpret=it)  # fmt: skip
         return arena, stored(down)

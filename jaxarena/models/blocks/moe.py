@@ -46,7 +46,7 @@ import numpy as np
 
 from jaxarena import ModelConfig, workspaces
 from jaxarena.models.blocks.base import Env, StatelessBlock, dense_init
-from jaxarena.models.blocks.mlp import FFN_QUANT_REGIONS
+from jaxarena.models.blocks.mlp import ffn_down_regions
 from jaxarena.models.blocks.moe_routing import (
     DEEPSEEK_V2_TOPK_METHODS,
     combine,
@@ -304,7 +304,7 @@ class MoE(StatelessBlock):
         else:
             arena, u = linear(plan, arena, x, (t, h), p["s_up"], act_regions, interpret=it)
             a = jnp.square(jax.nn.relu(stored(u)))
-        regions = FFN_QUANT_REGIONS if workspaces.ffn_fp8_uses_seed_regions(si) else None
+        regions = ffn_down_regions(plan, t, si)
         arena, y = linear(plan, arena, stored(a), (t, si), p["s_down"], regions, interpret=it)
         if self.shared_gate:
             y = y * jax.nn.sigmoid(x @ p["s_scale"].astype(F32))

@@ -34,6 +34,7 @@ __all__ = [
     "fp8_block_matmul",
     "is_fp8",
     "dequant_weight",
+    "fp8_regions",
 ]
 
 BF16 = jnp.bfloat16
@@ -55,6 +56,20 @@ def dequant_weight(w: dict[str, jax.Array]) -> jax.Array:
     n, k = q.shape
     full = jnp.repeat(jnp.repeat(s, workspaces.FP8_BLOCK, 0), workspaces.FP8_BLOCK, 1)[:n, :k]
     return (q.astype(F32) * full).T
+
+
+def fp8_regions(plan: ArenaPlan, t: int, k: int,
+                *groups: tuple[str, str, str]) -> tuple[str, str, str] | None:  # fmt: skip
+    """The first of `groups` (FP8 activation regions: q, row-major scales, k-major scales)
+    whose regions in `plan` hold the quantization of `t` rows of width `k`
+    (`workspaces.fp8_act_bytes`), or None when none does (the projection then reads its bf16
+    input and dequantizes FP8 weights: the same product, one launch more per weight)."""
+    need = workspaces.fp8_act_bytes(t, k)
+    for group in groups:
+        if all(name in plan.regions and plan.regions[name].nbytes >= need[role]
+               for name, role in zip(group, ("q", "scale", "kmajor"), strict=True)):  # fmt: skip
+            return group
+    return None
 
 
 def fp8_block_matmul(xq: jax.Array, xs: jax.Array, w: dict[str, jax.Array]) -> jax.Array:
