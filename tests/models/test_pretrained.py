@@ -331,24 +331,36 @@ def test_mistral_reads_the_llama_layout(runs, tmp_path):
     assert {b.window for b in windowed.model.arch.blocks[::2]} == {16}
 
 
-def test_fp8_block_matmul_against_float64():
+@pytest.mark.parametrize(
+    ("t", "k", "n"),
+    [(8, 200, 300), (130, 256, 576)],  # partial 128-blocks; two row tiles and DeepSeek's kv_a N
+)
+def test_fp8_block_matmul_against_float64(t, k, n):
     """The block-scaled product equals the float64 product of the dequantized operands, for a
-    K and an N that are not multiples of 128 (partial blocks). The per-block dot products of
-    e4m3 values are exact in f32 (bf16 operands, exact products); what remains is the f32
-    accumulation and scaling: relative error ~ K * 2^-24, bounded here by 1e-6."""
+    K and an N that are not multiples of 128 (partial blocks) and T past one 128-row tile.
+
+    The bound, per output element: the product goes through the FP8 grouped GEMM kernel
+    (interpret mode here), which adds 32-deep dot products of e4m3 values, each scaled by
+    `xs * scale_inv`, into an f32 accumulator. A product of two e4m3 values is exact in f32
+    (4-bit significands); summing 32 of them rounds at most 31 times, the scale product and
+    the scaling twice, the `ceil(K / 32)` accumulations once each. With `u = 2^-24` and
+    `n = 31 + 2 + ceil(K / 32)` the standard error bound of a sum is
+    `|got - want| <= n u / (1 - n u) * sum_k |x_k w_k|`, any summation order inside a dot."""
     import ml_dtypes
 
     from jaxarena.models.core.arena import fp8_block_matmul
 
     rng = np.random.default_rng(0)
-    t, k, n = 8, 200, 300
+    kb, nb = -(-k // 128), -(-n // 128)
     xq = rng.normal(size=(t, k)).astype(ml_dtypes.float8_e4m3fn)
-    xs = rng.uniform(0.5, 2, (t, 2)).astype(np.float32)
+    xs = rng.uniform(0.5, 2, (t, kb)).astype(np.float32)
     wq = rng.normal(size=(n, k)).astype(ml_dtypes.float8_e4m3fn)
-    ws = rng.uniform(0.5, 2, (3, 2)).astype(np.float32)
+    ws = rng.uniform(0.5, 2, (nb, kb)).astype(np.float32)
     got = np.asarray(fp8_block_matmul(jnp.asarray(xq), jnp.asarray(xs),
                                       {"w": jnp.asarray(wq), "scale_inv": jnp.asarray(ws)}))  # fmt: skip
     xd = xq.astype(np.float64) * np.repeat(xs, 128, 1)[:, :k]
     wd = wq.astype(np.float64) * np.repeat(np.repeat(ws, 128, 0), 128, 1)[:n, :k]
     want = xd @ wd.T
-    assert np.abs(got - want).max() <= 1e-6 * np.abs(want).max()
+    nu = (31 + 2 + -(-k // 32)) * 2.0**-24
+    assert got.shape == (t, n)
+    assert (np.abs(got - want) <= nu / (1 - nu) * (np.abs(xd) @ np.abs(wd).T)).all()

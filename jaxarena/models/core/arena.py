@@ -16,13 +16,17 @@ Linear layers. A weight is one of
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxarena import ArenaPlan, workspaces
 from pallas_kernels import fp8_block_quant_into
+from pallas_kernels._args import resolve_interpret
+from pallas_kernels.grouped_gemm.ops import default_block_m, fp8_config, run_gemm
 
 __all__ = [
     "BF16",
@@ -72,30 +76,41 @@ def fp8_regions(plan: ArenaPlan, t: int, k: int,
     return None
 
 
-def fp8_block_matmul(xq: jax.Array, xs: jax.Array, w: dict[str, jax.Array]) -> jax.Array:
+def fp8_block_matmul(xq: jax.Array, xs: jax.Array, w: dict[str, jax.Array], *,
+                     interpret: bool | None = None) -> jax.Array:  # fmt: skip
     """Block-scaled product of 1 x 128 quantized activations and 128 x 128 quantized weights.
 
     Args:
       xq: `float8_e4m3fn[T, K]` activations; xs: `float32[T, ceil(K/128)]` their scales.
       w: `{"w": float8_e4m3fn[N, K], "scale_inv": float32[ceil(N/128), ceil(K/128)]}`.
+      interpret: the Pallas kernel's mode (None: interpreted on a CPU, compiled on a GPU).
 
     Returns:
-      `float32[T, N]`: `sum_b xs[t, b] * scale_inv[n // 128, b] * (xq[t, blk b] . w[n, blk b])`;
-      the per-block dot products are exact products of e4m3 values (bf16 operands, exact)
-      accumulated in f32.
+      `float32[T, N]`: `sum_b xs[t, b] * scale_inv[n // 128, b] * (xq[t, blk b] . w[n, blk b])`,
+      accumulated in f32. It is the FP8 grouped GEMM kernel (`grouped_gemm_fp8`'s, the MoE
+      experts') with one group of T rows: each program keeps a `[block_m, 64]` f32 tile and
+      adds its 32-deep e4m3 dot products scaled by `xs * scale_inv` (DeepGEMM's per-block
+      promotion), so no `[T, N, K / 128]` partial products exist; K and N need not be
+      multiples of 128 (masked loads read zeros past them).
     """
-    blk = workspaces.FP8_BLOCK
     t, k = xq.shape
     wq, ws = w["w"], w["scale_inv"]
     n = wq.shape[0]
-    nb = xs.shape[1]
-    pad = nb * blk - k
-    # e4m3 values are exact in bf16, and a product of two bf16 values is exact in f32.
-    xb = jnp.pad(xq.astype(BF16), ((0, 0), (0, pad))).reshape(t, nb, blk)
-    wb = jnp.pad(wq.astype(BF16), ((0, 0), (0, pad))).reshape(n, nb, blk)
-    partial = jnp.einsum("tbk,nbk->tnb", xb, wb, preferred_element_type=F32)
-    wsn = jnp.repeat(ws, blk, axis=0)[:n]
-    return jnp.einsum("tnb,tb,nb->tn", partial, xs, wsn)
+    if t == 0 or n == 0 or k == 0:
+        return jnp.zeros((t, n), F32)
+    interpret = resolve_interpret(interpret)
+    bm = default_block_m(t)
+    cfg = fp8_config(t, k, n, 1, bm, gather=False, interpret=interpret)
+    # One group of T rows: the work list is static (tile i of group 0), the bounds [0, T) and
+    # the "zero group" of rows past T is empty.
+    tiles = -(-t // bm)
+    items = np.stack([np.zeros(tiles, np.int32), np.arange(tiles, dtype=np.int32)], axis=1)
+    bounds = np.array([0, t, t], np.int32)
+    count = np.array([tiles], np.int32)
+    bits = functools.partial(jax.lax.bitcast_convert_type, new_dtype=jnp.uint8)
+    return run_gemm(jnp.asarray(items), jnp.asarray(bounds), jnp.asarray(count), None,
+                    bits(xq), xs, bits(wq)[None], ws[None], cfg=cfg, out_dtype=F32,
+                    interpret=interpret)  # fmt: skip
 
 
 def put(plan: ArenaPlan, arena: jax.Array, name: str, value: jax.Array) -> jax.Array:
@@ -139,7 +154,7 @@ def linear(plan: ArenaPlan, arena: jax.Array, src: Any, shape: tuple[int, int], 
         outs = []
         for p in parts:
             if is_fp8(p):
-                outs.append(fp8_block_matmul(q, s, p))
+                outs.append(fp8_block_matmul(q, s, p, interpret=interpret))
             else:
                 if xd is None:
                     xd = q.astype(F32) * jnp.repeat(s, workspaces.FP8_BLOCK, axis=1)[:, :k]
