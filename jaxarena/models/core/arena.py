@@ -92,6 +92,13 @@ def fp8_block_matmul(xq: jax.Array, xs: jax.Array, w: dict[str, jax.Array], *,
       adds its 32-deep e4m3 dot products scaled by `xs * scale_inv` (DeepGEMM's per-block
       promotion), so no `[T, N, K / 128]` partial products exist; K and N need not be
       multiples of 128 (masked loads read zeros past them).
+
+    Measured (`step_report`, deviceless H200, max_seq_len 4096), against the former float32
+    partial-product einsum: DeepSeek-V3 widths with 4 layers (3 dense), prefill 2048 tokens
+    17.4 GB -> 982 MB temp, 261 -> 209 launches; decode 8 sequences 67.2 MB -> 2.2 MB,
+    268 -> 239 launches. Qwen3-8B widths, 4 layers, FP8 weights: prefill 6.78 GB -> 386 MB,
+    174 -> 130; decode 31.9 MB -> 0.93 MB, 189 -> 150. Of the launches left above the bf16
+    step's, one copy per quantized input: the kernel's operands are slices of the arena.
     """
     t, k = xq.shape
     wq, ws = w["w"], w["scale_inv"]
