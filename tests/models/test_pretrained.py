@@ -363,3 +363,16 @@ def test_fp8_block_matmul_against_float64():
     nu = (31 + 2 + -(-k // 32)) * 2.0**-24
     assert got.shape == (t, n)
     assert (np.abs(got - want) <= nu / (1 - nu) * (np.abs(xd) @ np.abs(wd).T)).all()
+
+
+def test_fp8_block_matmul_names_a_misfit_operand():
+    from jaxarena.models.core.arena import fp8_block_matmul
+
+    xq = jnp.zeros((4, 200), jnp.float8_e4m3fn)
+    w = {"w": jnp.zeros((300, 200), jnp.float8_e4m3fn), "scale_inv": jnp.ones((3, 2))}
+    with pytest.raises(ValueError, match=r"xs.shape=\(4, 1\) must be \(4, 2\)"):
+        fp8_block_matmul(xq, jnp.ones((4, 1)), w)
+    with pytest.raises(ValueError, match=r"scale_inv.shape=\(2, 2\) must be \(3, 2\)"):
+        fp8_block_matmul(xq, jnp.ones((4, 2)), {**w, "scale_inv": jnp.ones((2, 2))})
+    with pytest.raises(ValueError, match=r"w.shape=\(300, 256\) must be \(300, 200\)"):
+        fp8_block_matmul(xq, jnp.ones((4, 2)), {**w, "w": jnp.zeros((300, 256), jnp.float8_e4m3fn)})
