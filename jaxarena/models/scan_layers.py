@@ -28,10 +28,18 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from jaxarena.models.blocks.base import Block
 
-__all__ = ["MAX_PERIOD", "layer_runs", "stack_caches", "stack_params", "unstack_caches"]
+__all__ = [
+    "MAX_PERIOD",
+    "layer_runs",
+    "sliced_after",
+    "stack_caches",
+    "stack_params",
+    "unstack_caches",
+]
 
 # The longest repeating pattern looked for (Gemma 3's period is 12 blocks: 6 attention layers,
 # each followed by its MLP).
@@ -98,6 +106,27 @@ def stack_params(runs: tuple[tuple[int, int, int], ...], params: dict[str, Any])
                 group.append(reps[0])
         out.append(group)
     return {**params, "layers": out}
+
+
+def sliced_after(stack: Any, k: Any, h: Any, *, first: bool = False) -> tuple[Any, Any]:
+    """Repetition `k`'s parameters of one block (`stack`: its stacked parameter tree), sliced
+    once `h` (the residual stream entering the block) exists: `(params, h)`.
+
+    XLA's GPU GEMM fusions cannot read a dynamic slice of the stacked weight in place (its
+    Triton GEMM fusion pass declines dynamic-slice operands), so every slice is a copy into a
+    temporary. Left alone, XLA schedules all of a repetition's copies at the top of the loop
+    body and one repetition's weights are live at once (Qwen3-0.6B widths: 30 MiB of decode
+    temp). An `optimization_barrier` joining the stack to `h` makes a block's copies wait for
+    the block before it, whose copies are then dead: the temp holds one block's weights (the
+    MLP's 18 MiB), and XLA merges a block's slices into fewer copy kernels (decode b=8 at 8
+    layers: 312 -> 216 launches as `gpu_aot` counts them, 240 -> 216 counting each
+    dynamic-slice memcpy once; benchmarks/compile_layers.py). The barrier is the identity on
+    values: the results are those of the plain slice. `first`: the period's first block,
+    which waits for nothing (the loop body starts there).
+    """
+    if not first:
+        stack, h = lax.optimization_barrier((stack, h))
+    return jax.tree.map(lambda a: lax.dynamic_index_in_dim(a, k, 0, False), stack), h
 
 
 def _join_pages(leaves: list[Any]) -> Any:

@@ -38,7 +38,13 @@ from jaxarena._sizing.step_temp import DEFAULT_PREFILL_CHUNK
 from jaxarena.models.blocks.base import Block, Env, StepContext
 from jaxarena.models.core.arena import BF16, F32, put, stored
 from jaxarena.models.core.norms import rms_norm
-from jaxarena.models.scan_layers import layer_runs, stack_caches, stack_params, unstack_caches
+from jaxarena.models.scan_layers import (
+    layer_runs,
+    sliced_after,
+    stack_caches,
+    stack_params,
+    unstack_caches,
+)
 
 __all__ = ["Arch", "ArenaLM", "DEFAULT_PREFILL_CHUNK"]
 
@@ -247,14 +253,15 @@ class ArenaLM:
     def _scan_run(self, mode: str, blocks, group, repeats: int, arena, caches, h, ctx):
         """A run of `repeats` repetitions of `blocks` as one `lax.scan` (scanned layout,
         jaxarena/models/scan_layers.py): the arena, the residual stream and the run's caches
-        are the carry (updated in place), the stacked parameters the scanned input. Returns
-        `(arena, h, caches)`."""
+        are the carry (updated in place); the stacked parameters stay loop-invariant and each
+        block slices its repetition's parameters only once the block before it is done
+        (`scan_layers.sliced_after`). Returns `(arena, h, caches)`."""
 
-        def body(carry, xs):
+        def body(carry, k):
             arena, h, cs = carry
-            k, ps = xs
             new = []
-            for block, p, c in zip(blocks, ps, cs, strict=True):
+            for j, (block, stack, c) in enumerate(zip(blocks, group, cs, strict=True)):
+                p, h = sliced_after(stack, k, h, first=j == 0)
                 block_ctx, layer_c = ctx, c
                 if c is not None and block.paged_kv:
                     pages = jax.tree.leaves(c)[0].shape[0] // repeats
@@ -269,8 +276,8 @@ class ArenaLM:
                 new.append(layer_c)
             return (arena, h, new), None
 
-        xs = (jnp.arange(repeats, dtype=jnp.int32), list(group))
-        (arena, h, caches), _ = lax.scan(body, (arena, h, list(caches)), xs)
+        ks = jnp.arange(repeats, dtype=jnp.int32)
+        (arena, h, caches), _ = lax.scan(body, (arena, h, list(caches)), ks)
         return arena, h, caches
 
     def _lm_head(self, arena, params, h):
