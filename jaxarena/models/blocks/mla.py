@@ -49,11 +49,10 @@ Block-FP8 checkpoints (DeepSeek-V3 and Kimi-K2 as released): `q_a` / `q_b` (or `
 quantized activations (`core.arena.linear`, the `fp8_act` buffers, as a dense FP8 model's
 projections); `kv_b` is dequantized to bf16 once at load (`_bf16_weight` says why).
 Measured (`step_report`, deviceless H200, DeepSeek-V3 widths with 4 layers, the 3 dense first;
-prefill 2048 tokens, decode 8 sequences): FP8 prefill 271 launches / 17.4 GB temp, decode
-268 / 67 MB; the same model with bf16 weights 138 / 6.75 GB and 124 / 5.2 MB. Both FP8
-temps match `core.arena.fp8_block_matmul`'s float32 `[T, N, K / 128]` partial products of the
-dense layers' gate and up projections (2 x 2048 x 18432 x 56 x 4 B = 16.9 GB; 66 MB at 8
-rows): a cost of the dense FP8 path, which every block-FP8 model shares.
+prefill 2048 tokens, decode 8 sequences): FP8 prefill 209 launches / 982 MB temp, decode
+239 / 2.2 MB (the FP8 products through the FP8 grouped GEMM kernel with one group,
+`core.arena.fp8_block_matmul`; with the former float32 `[T, N, K / 128]` partial products
+17.4 GB and 67 MB); the same model with bf16 weights 138 / 6.75 GB and 124 / 5.2 MB.
 """
 
 from __future__ import annotations
