@@ -2,9 +2,10 @@
 
 Optional per-head q/k RMSNorm (Qwen3) and RoPE (rotate-half; Nemotron-H has none). Prefill
 runs the paged prefill Pallas kernel (causal flash attention over the cache, so a chunk of a
-long prompt sees the earlier chunks; output in `attn_output`), decode the split-K Pallas
-kernel (partials in `splitk_workspace`, output in `attn_output`); both read bf16 queries and
-the bf16 cache. Arena regions: `qkv_output`, `attn_output`, the FP8 activation buffers.
+long prompt sees the earlier chunks; its output a value the o_proj GEMM reads), decode the
+split-K Pallas kernel (partials in `splitk_workspace`, output in `attn_output`); both read
+bf16 queries and the bf16 cache. Arena regions: `attn_output`, `splitk_workspace` (decode),
+the FP8 activation buffers.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from jaxarena.models.blocks.base import Block, Env, StepContext, dense_init
 from jaxarena.models.core.arena import BF16, F32, get, linear, stored
 from jaxarena.models.core.norms import inv_rms, rms_norm
 from jaxarena.models.core.rope import rope, rope_table
-from pallas_kernels import paged_prefill_attention_into, splitk_decode_attention_into
+from pallas_kernels import paged_prefill_attention, splitk_decode_attention_into
 
 __all__ = ["Attention"]
 
@@ -206,13 +207,15 @@ class Attention(Block):
             "v": flat(cache["v"]).at[slots].set(v.astype(BF16)).reshape(cache["v"].shape),
         }
 
-    def _out(self, env: Env, p, arena, t: int, gate=None):
-        """`o_proj` of `attn_output` (with `gated`, times `sigmoid(gate)` first, rounded as
-        `attn_output` would store it)."""
+    def _out(self, env: Env, p, arena, t: int, gate=None, o=None):
+        """`o_proj` of the attention output: `o` (bf16 `[T, Hq, D]`, prefill's value) or
+        else `attn_output` (decode); with `gated`, times `sigmoid(gate)` first, rounded as
+        `attn_output` would store it."""
         hq_d = env.config.num_attention_heads * env.config.head_dim
-        src = "attn_output"
+        src = "attn_output" if o is None else o.reshape(t, hq_d).astype(F32)
         if gate is not None:
-            src = stored(get(env.plan, arena, "attn_output", (t, hq_d)) * jax.nn.sigmoid(gate))
+            x = get(env.plan, arena, "attn_output", (t, hq_d)) if o is None else src
+            src = stored(x * jax.nn.sigmoid(gate))
         arena, out = linear(env.plan, arena, src, (t, hq_d), p["wo"],
                             workspaces.FP8_ACT_REGIONS, interpret=env.interpret)  # fmt: skip
         if self.o_bias:
@@ -222,20 +225,23 @@ class Attention(Block):
     def prefill(self, env: Env, params, arena, cache, ctx: StepContext):
         """Appends the chunk's K/V to the cache; causal attention of each packed sequence's
         queries over its cached context (earlier chunks) plus the chunk itself, by the paged
-        prefill Pallas kernel written in place into `attn_output`; `o_proj`. Returns
-        `(arena, cache, out)`."""
+        prefill Pallas kernel, its output a value that `o_proj` reads; `o_proj`. Returns
+        `(arena, cache, out)`.
+
+        The output is not written into `attn_output`: the GEMM cannot read an arena region
+        in place (XLA copies the slice out first, a launch and `[T, Hq D]` bf16 of temp), and
+        the kernel's own output buffer costs the same temp without the copy."""
         arena, q, k, v, gate = self._qkv(env, params, arena, ctx, prefill=True)
         cache = self._append_kv(env, cache, k, v, ctx)
         # Plain prefill: each sequence's context is its own queries.
         lens = ctx.cu_seqlens[1:] - ctx.cu_seqlens[:-1] if ctx.seq_lens is None else ctx.seq_lens
         # Prefill attention reads what decode reads: bf16 queries and the bf16 cache.
-        arena = paged_prefill_attention_into(
-            arena, env.plan, q.astype(BF16), cache["k"], cache["v"], ctx.block_tables,
-            ctx.cu_seqlens, lens, interpret=env.interpret, sm_scale=self.scale,
-            window_size=self.window, softcap=self.softcap,
-            sinks=params["sinks"].astype(F32) if self.sinks else None,
+        o = paged_prefill_attention(
+            q.astype(BF16), cache["k"], cache["v"], ctx.block_tables, ctx.cu_seqlens, lens,
+            interpret=env.interpret, sm_scale=self.scale, window_size=self.window,
+            softcap=self.softcap, sinks=params["sinks"].astype(F32) if self.sinks else None,
         )  # fmt: skip
-        arena, out = self._out(env, params, arena, ctx.num_tokens, gate)
+        arena, out = self._out(env, params, arena, ctx.num_tokens, gate, o)
         return arena, cache, out
 
     def decode(self, env: Env, params, arena, cache, ctx: StepContext):
