@@ -81,7 +81,8 @@ class MLP(StatelessBlock):
         if self.act in _GATES:
             # One input quantization for both projections (a tuple weight).
             arena, (g, u) = linear(plan, arena, x, (t, h), (p["w_gate"], p["w_up"]),
-                                   act_regions, quant=quant, interpret=it, split=True)  # fmt: skip
+                                   act_regions, quant=quant, interpret=it, split=True,
+                                   stored_out=True)  # fmt: skip
             act = stored(_GATES[self.act](stored(g)) * stored(u))
         else:
             arena, up = linear(plan, arena, x, (t, h), p["w_up"], act_regions, quant=quant,
@@ -91,5 +92,5 @@ class MLP(StatelessBlock):
         # intermediate size is not a multiple of 128: that projection reads its bf16 input.
         regions = FFN_QUANT_REGIONS if workspaces.ffn_fp8_uses_seed_regions(inter) else None
         arena, down = linear(plan, arena, act, (t, inter), p["w_down"], regions, quant=quant,
-                             interpret=it)  # fmt: skip
+                             interpret=it, stored_out=True)  # fmt: skip
         return arena, stored(down)
