@@ -99,10 +99,10 @@ def test_prefill_costs_no_more_than_the_plain_step(model):
                  donate=(1,))  # fmt: skip
     assert a.launches <= LAUNCH_RATIO * p.launches, (a.launches, p.launches)
     # The arena form's only extra temp: none beyond the plain step's (its intermediates are
-    # the same XLA values). Not yet for the MoE model: +131,584 B here (5%), +8 MiB (4%) at
-    # Qwen3-30B-A3B widths and 2048 tokens, and -516 KiB at hidden 512. Among the arena
-    # step's temps is a 128 KiB `wrapped_slice` copy of the arena (the `attn_output` view
-    # the o_proj reads) that the plain step does not have; not resolved. Kept visible.
+    # the same XLA values). The MoE model here: 2,560,536 B in both forms since the prefill
+    # attention's output is a value the o_proj reads (before: +131,584 B, 5%, among it a
+    # 128 KiB `wrapped_slice` copy of the `attn_output` region) and the q/k norms no longer
+    # materialise float32 heads; the xfail below stays for the DeepSeek-V3 config.
     # Mamba-2: 4,589,336 vs 4,588,560 bytes here (its f32 `linear` outputs, as in decode),
     # not asserted. The DeepSeek-V3 fixture's config (an MLA + MoE layer) is under the same
     # MoE xfail: 711,440 vs 599,312 bytes (+112,128) since MLA's prefill runs the paged

@@ -2,9 +2,10 @@
 
 Optional per-head q/k RMSNorm (Qwen3) and RoPE (rotate-half; Nemotron-H has none). Prefill
 runs the paged prefill Pallas kernel (causal flash attention over the cache, so a chunk of a
-long prompt sees the earlier chunks; output in `attn_output`), decode the split-K Pallas
-kernel (partials in `splitk_workspace`, output in `attn_output`); both read bf16 queries and
-the bf16 cache. Arena regions: `qkv_output`, `attn_output`, the FP8 activation buffers.
+long prompt sees the earlier chunks; its output a value the o_proj GEMM reads), decode the
+split-K Pallas kernel (partials in `splitk_workspace`, output in `attn_output`); both read
+bf16 queries and the bf16 cache. Arena regions: `attn_output`, `splitk_workspace` (decode),
+the FP8 activation buffers.
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ import numpy as np
 from jaxarena import ModelConfig, workspaces
 from jaxarena.models.blocks.base import Block, Env, StepContext, dense_init
 from jaxarena.models.core.arena import BF16, F32, get, linear, stored
-from jaxarena.models.core.norms import rms_norm
+from jaxarena.models.core.norms import inv_rms, rms_norm
 from jaxarena.models.core.rope import rope, rope_table
-from pallas_kernels import paged_prefill_attention_into, splitk_decode_attention_into
+from pallas_kernels import paged_prefill_attention, splitk_decode_attention_into
 
 __all__ = ["Attention"]
 
@@ -148,8 +149,9 @@ class Attention(Block):
         shape = (num_blocks, kv_block_size, config.num_key_value_heads, config.head_dim)
         return {"k": jnp.zeros(shape, BF16), "v": jnp.zeros(shape, BF16)}
 
-    def _qkv(self, env: Env, p, arena, ctx: StepContext):
-        """QKV projection into `qkv_output`; returns (arena, q, k, v) with q/k norm and RoPE."""
+    def _qkv(self, env: Env, p, arena, ctx: StepContext, prefill: bool):
+        """QKV projection (an XLA value, rounded as `qkv_output` would store it); returns
+        `(arena, q, k, v, gate)` with the q/k norms and RoPE."""
         c, t = env.config, ctx.num_tokens
         hq, hkv, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         arena, qkv = linear(env.plan, arena, ctx.x, (t, c.hidden_size), p["wqkv"],
@@ -165,8 +167,7 @@ class Attention(Block):
         k = qkv[:, qw * hd : (qw + hkv) * hd].reshape(t, hkv, hd)
         v = qkv[:, (qw + hkv) * hd :].reshape(t, hkv, hd)
         if self.qk_norm:
-            eps, off = self.rms_eps, self.norm_offset
-            q, k = rms_norm(q, p["q_norm"], eps, off), rms_norm(k, p["k_norm"], eps, off)
+            q, k = self._qk_norm(p, qkv, q, k, qw, split=prefill)
         if self.rope and self.rope_inv_freq is not None:
             q = rope_table(q, ctx.positions, self.rope_inv_freq, self.rope_scaling)
             k = rope_table(k, ctx.positions, self.rope_inv_freq, self.rope_scaling)
@@ -174,6 +175,26 @@ class Attention(Block):
             q = rope(q, ctx.positions, self.rope_theta, self.rotary_dim)
             k = rope(k, ctx.positions, self.rope_theta, self.rotary_dim)
         return arena, q, k, v, gate
+
+    def _qk_norm(self, p, qkv, q, k, qw: int, split: bool):
+        """The per-head RMSNorms of q and k (`rms_norm`). With `split` (prefill), the factors
+        `1 / rms` of every q and k head come from one small reduction `[T, qw + Hkv, 1]`
+        (`qw`: the q projection's heads, a gated q's gate heads included, unused) that the
+        barrier keeps apart from the multiply. Fused, XLA makes a normalisation fusion whose
+        float32 `[T, heads, D]` output RoPE's concatenate then reads back: 64 MiB of temp for
+        q at 8192 tokens (16 heads of 128), 32 MiB for k. Apart, the norm's multiply, RoPE
+        and the bf16 cast fuse into the pass that writes the kernel's q (and into the cache
+        scatter for k). The same operations in the same order: the same numbers. Decode
+        keeps the fused form: its temp is small and the split costs a launch per layer."""
+        eps, off = self.rms_eps, self.norm_offset
+        if not split:
+            return rms_norm(q, p["q_norm"], eps, off), rms_norm(k, p["k_norm"], eps, off)
+        t, hkv, hd = k.shape
+        r = inv_rms(qkv[:, : (qw + hkv) * hd].reshape(t, qw + hkv, hd), eps)
+        r = jax.lax.optimization_barrier(r)
+        rq = r[:, : qw : 2 if self.gated else 1]
+        return (rms_norm(q, p["q_norm"], eps, off, scale=rq),
+                rms_norm(k, p["k_norm"], eps, off, scale=r[:, qw:]))  # fmt: skip
 
     def _append_kv(self, env: Env, cache, k, v, ctx: StepContext):
         bs = env.kv_block_size
@@ -186,13 +207,15 @@ class Attention(Block):
             "v": flat(cache["v"]).at[slots].set(v.astype(BF16)).reshape(cache["v"].shape),
         }
 
-    def _out(self, env: Env, p, arena, t: int, gate=None):
-        """`o_proj` of `attn_output` (with `gated`, times `sigmoid(gate)` first, rounded as
-        `attn_output` would store it)."""
+    def _out(self, env: Env, p, arena, t: int, gate=None, o=None):
+        """`o_proj` of the attention output: `o` (bf16 `[T, Hq, D]`, prefill's value) or
+        else `attn_output` (decode); with `gated`, times `sigmoid(gate)` first, rounded as
+        `attn_output` would store it."""
         hq_d = env.config.num_attention_heads * env.config.head_dim
-        src = "attn_output"
+        src = "attn_output" if o is None else o.reshape(t, hq_d).astype(F32)
         if gate is not None:
-            src = stored(get(env.plan, arena, "attn_output", (t, hq_d)) * jax.nn.sigmoid(gate))
+            x = get(env.plan, arena, "attn_output", (t, hq_d)) if o is None else src
+            src = stored(x * jax.nn.sigmoid(gate))
         arena, out = linear(env.plan, arena, src, (t, hq_d), p["wo"],
                             workspaces.FP8_ACT_REGIONS, interpret=env.interpret)  # fmt: skip
         if self.o_bias:
@@ -202,25 +225,28 @@ class Attention(Block):
     def prefill(self, env: Env, params, arena, cache, ctx: StepContext):
         """Appends the chunk's K/V to the cache; causal attention of each packed sequence's
         queries over its cached context (earlier chunks) plus the chunk itself, by the paged
-        prefill Pallas kernel written in place into `attn_output`; `o_proj`. Returns
-        `(arena, cache, out)`."""
-        arena, q, k, v, gate = self._qkv(env, params, arena, ctx)
+        prefill Pallas kernel, its output a value that `o_proj` reads; `o_proj`. Returns
+        `(arena, cache, out)`.
+
+        The output is not written into `attn_output`: the GEMM cannot read an arena region
+        in place (XLA copies the slice out first, a launch and `[T, Hq D]` bf16 of temp), and
+        the kernel's own output buffer costs the same temp without the copy."""
+        arena, q, k, v, gate = self._qkv(env, params, arena, ctx, prefill=True)
         cache = self._append_kv(env, cache, k, v, ctx)
         # Plain prefill: each sequence's context is its own queries.
         lens = ctx.cu_seqlens[1:] - ctx.cu_seqlens[:-1] if ctx.seq_lens is None else ctx.seq_lens
         # Prefill attention reads what decode reads: bf16 queries and the bf16 cache.
-        arena = paged_prefill_attention_into(
-            arena, env.plan, q.astype(BF16), cache["k"], cache["v"], ctx.block_tables,
-            ctx.cu_seqlens, lens, interpret=env.interpret, sm_scale=self.scale,
-            window_size=self.window, softcap=self.softcap,
-            sinks=params["sinks"].astype(F32) if self.sinks else None,
+        o = paged_prefill_attention(
+            q.astype(BF16), cache["k"], cache["v"], ctx.block_tables, ctx.cu_seqlens, lens,
+            interpret=env.interpret, sm_scale=self.scale, window_size=self.window,
+            softcap=self.softcap, sinks=params["sinks"].astype(F32) if self.sinks else None,
         )  # fmt: skip
-        arena, out = self._out(env, params, arena, ctx.num_tokens, gate)
+        arena, out = self._out(env, params, arena, ctx.num_tokens, gate, o)
         return arena, cache, out
 
     def decode(self, env: Env, params, arena, cache, ctx: StepContext):
         """Appends the new K/V; split-K decode attention into `attn_output`; `o_proj`."""
-        arena, q, k, v, gate = self._qkv(env, params, arena, ctx)
+        arena, q, k, v, gate = self._qkv(env, params, arena, ctx, prefill=False)
         cache = self._append_kv(env, cache, k, v, ctx)
         arena = splitk_decode_attention_into(
             arena, env.plan, q.astype(BF16), cache["k"], cache["v"], ctx.block_tables,

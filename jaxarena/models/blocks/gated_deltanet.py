@@ -146,8 +146,9 @@ class GatedDeltaNet(Block):
         c, plan, it = env.config, env.plan, env.interpret
         regions = workspaces.FP8_ACT_REGIONS
         h = c.hidden_size
-        arena, qkvz = linear(plan, arena, x, (t, h), p["w_qkvz"], regions, interpret=it)
-        arena, ba = linear(plan, arena, x, (t, h), p["w_ba"], regions, interpret=it)
+        kw = dict(interpret=it, stored_out=True)
+        arena, qkvz = linear(plan, arena, x, (t, h), p["w_qkvz"], regions, **kw)
+        arena, ba = linear(plan, arena, x, (t, h), p["w_ba"], regions, **kw)
         qkvz, ba = stored(qkvz), stored(ba)
         nk, dk, nv, dv = _dims(c)
         if self.interleaved:

@@ -96,7 +96,8 @@ class MLP(StatelessBlock):
         if self.act in _GATES and (quant or is_fp8(p["w_gate"]) or is_fp8(p["w_up"])):
             # One input quantization for both projections (a tuple weight).
             arena, (g, u) = linear(plan, arena, x, (t, h), (p["w_gate"], p["w_up"]),
-                                   act_regions, quant=quant, interpret=it, split=True)  # fmt: skip
+                                   act_regions, quant=quant, interpret=it, split=True,
+                                   stored_out=True)  # fmt: skip
             act = stored(_GATES[self.act](stored(g)) * stored(u))
         elif self.act in _GATES:
             # The GEMMs output the bf16 values `stored` would round their float32 products to
@@ -107,12 +108,15 @@ class MLP(StatelessBlock):
                     for w in (p["w_gate"], p["w_up"]))  # fmt: skip
             act = stored(_GATES[self.act](g.astype(F32)) * u.astype(F32))
         else:
+            # `up` rounded as `expert_up_out` would store it, by the GEMM itself: a float32
+            # `up` is the step's largest temp at long prompts (Nemotron-H-8B, 8192 tokens:
+            # `[8192, 21504]`, 672 MiB next to the bf16 activation's 336 MiB).
             arena, up = linear(plan, arena, x, (t, h), p["w_up"], act_regions, quant=quant,
-                               interpret=it)  # fmt: skip
-            act = stored(jnp.square(jax.nn.relu(up)))
+                               interpret=it, stored_out=True)  # fmt: skip
+            act = stored(jnp.square(jax.nn.relu(stored(up))))
         # The seed's floor(K / 128) k-major scales cannot hold ceil(K / 128) columns when the
         # intermediate size is not a multiple of 128: that projection reads its bf16 input.
         regions = ffn_down_regions(plan, t, inter)
         arena, down = linear(plan, arena, act, (t, inter), p["w_down"], regions, quant=quant,
-                             interpret=it)  # fmt: skip
+                             interpret=it, stored_out=True)  # fmt: skip
         return arena, stored(down)

@@ -149,9 +149,15 @@ def stored(value: jax.Array) -> jax.Array:
     return value.astype(BF16).astype(F32)
 
 
+def _bf16_product(x: jax.Array, w: jax.Array) -> jax.Array:
+    """`stored(x @ w)` for bf16 values `x` and bf16 `w` as one bf16 GEMM, as float32."""
+    return jnp.dot(x.astype(BF16), w, preferred_element_type=BF16).astype(F32)
+
+
 def linear(plan: ArenaPlan, arena: jax.Array, src: Any, shape: tuple[int, int], w: Any,
            regions: tuple[str, ...] | None, *, quant: bool = False,
-           interpret: bool | None = None, split: bool = False) -> tuple[jax.Array, Any]:  # fmt: skip
+           interpret: bool | None = None, split: bool = False,
+           stored_out: bool = False) -> tuple[jax.Array, Any]:  # fmt: skip
     """`x @ w` for `x` = region `src` (`shape = (T, K)`), or `src` itself when it is an
     array (a `stored` float32 value, not in the arena); see the module docstring.
 
@@ -159,6 +165,13 @@ def linear(plan: ArenaPlan, arena: jax.Array, src: Any, shape: tuple[int, int], 
     `quant`); None means they cannot hold this K (then the bf16 input is used as stored and
     FP8 weights are dequantized). Returns `(arena, float32[T, sum of outputs])`, or with
     `split` `(arena, tuple of float32[T, out_i])`, one per part (no concatenation).
+
+    `stored_out`: the caller rounds the outputs to bf16 (`stored`) and `x` holds bf16 values
+    (a `stored` value or a region). A bf16 weight's product is then a bf16 GEMM with a bf16
+    output (float32 accumulation, one rounding: the same numbers as `stored(x @ w)`), so that
+    XLA keeps a bf16 output buffer even where it merges GEMMs sharing `x` (its dot merger
+    joins gate and up at small T into one output that a later bf16 cast cannot shrink:
+    float32 `[2048, 6144]`, 48 MiB, at Qwen3-0.6B widths).
     """
     t, k = shape
     parts = _parts(w)
@@ -179,7 +192,8 @@ def linear(plan: ArenaPlan, arena: jax.Array, src: Any, shape: tuple[int, int], 
                 outs.append(xd @ p.astype(F32))
     else:
         x = src if not isinstance(src, str) else get(plan, arena, src, shape)
-        outs = [x @ (dequant_weight(p) if is_fp8(p) else p.astype(F32)) for p in parts]
+        outs = [_bf16_product(x, p) if stored_out and not is_fp8(p) and p.dtype == BF16 else
+                x @ (dequant_weight(p) if is_fp8(p) else p.astype(F32)) for p in parts]  # fmt: skip
     out = tuple(outs) if split else outs[0] if len(outs) == 1 else jnp.concatenate(outs, -1)
     if isinstance(src, str) or (quant or any(is_fp8(p) for p in parts)) and regions is not None:
         # The product read arena bytes (the region, or the FP8 buffers just written): tie it
