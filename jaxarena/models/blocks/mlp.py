@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from jaxarena import ModelConfig, workspaces
 from jaxarena.models.blocks.base import Env, StatelessBlock, dense_init
-from jaxarena.models.core.arena import BF16, F32, fp8_regions, is_fp8, linear, stored
+from jaxarena.models.core.arena import fp8_regions, linear, stored
 
 __all__ = ["MLP", "FFN_QUANT_REGIONS", "MLP_ACTS", "ffn_down_regions"]
 
@@ -93,20 +93,15 @@ class MLP(StatelessBlock):
         h, inter = c.hidden_size, c.intermediate_size
         quant = self.fp8_acts
         act_regions = workspaces.FP8_ACT_REGIONS
-        if self.act in _GATES and (quant or is_fp8(p["w_gate"]) or is_fp8(p["w_up"])):
-            # One input quantization for both projections (a tuple weight).
+        if self.act in _GATES:
+            # One input quantization for both projections (a tuple weight); bf16 weights'
+            # products come out of the GEMMs as the bf16 values `stored` would round them to,
+            # so where XLA's GPU dot merger joins the two GEMMs its output is bf16, not a
+            # float32 buffer twice the size (48 MiB at 2048 rows of Qwen3-0.6B).
             arena, (g, u) = linear(plan, arena, x, (t, h), (p["w_gate"], p["w_up"]),
                                    act_regions, quant=quant, interpret=it, split=True,
                                    stored_out=True)  # fmt: skip
             act = stored(_GATES[self.act](stored(g)) * stored(u))
-        elif self.act in _GATES:
-            # The GEMMs output the bf16 values `stored` would round their float32 products to
-            # (float32 accumulation, one rounding): where XLA's GPU dot merger joins them into
-            # one GEMM, its output is then bf16, not a float32 buffer twice the size (48 MiB
-            # at 2048 rows of Qwen3-0.6B, a prefill chunk's largest buffer).
-            g, u = (jax.lax.dot(x, w.astype(F32), preferred_element_type=BF16)
-                    for w in (p["w_gate"], p["w_up"]))  # fmt: skip
-            act = stored(_GATES[self.act](g.astype(F32)) * u.astype(F32))
         else:
             # `up` rounded as `expert_up_out` would store it, by the GEMM itself: a float32
             # `up` is the step's largest temp at long prompts (Nemotron-H-8B, 8192 tokens:
