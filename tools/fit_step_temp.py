@@ -5,7 +5,7 @@
 For each dense preset (attention + MLP blocks) and prefill token count, compiles the prefill
 step (`jaxarena.step_report`, default limits but `max_batch_tokens`) and, once per preset, the
 decode step at batch 64; prints each temp and the least-squares fit of the prefill temps to
-`T x (a x intermediate + b x hidden)` (intermediate: the widest MLP row, `_dense_width`'s
+`min(T, DEFAULT_PREFILL_CHUNK) x (a x intermediate + b x hidden)` (intermediate: the widest MLP row, `_dense_width`'s
 `max(intermediate, moe_intermediate)`), with each compile's residual against it. The figures and the fit are
 written down in jaxarena/_sizing/step_temp.py's docstring and tests/sizing/test_step_temp.py.
 """
@@ -18,7 +18,7 @@ import json
 import numpy as np
 
 from jaxarena import ModelConfig
-from jaxarena._sizing.step_temp import _mlp_width
+from jaxarena._sizing.step_temp import DEFAULT_PREFILL_CHUNK, _mlp_width
 from jaxarena.step_report import step_report
 
 DENSE = ("qwen3-8b", "llama3.1-8b", "qwen3-32b")
@@ -46,7 +46,11 @@ def main() -> None:
                   f"decode temp (B=64) {row['decode_temp'] or '-'}", flush=True)  # fmt: skip
     # Least squares, relative: minimise sum(((a I + b H) T - temp) / temp)^2.
     temps = np.array([r["prefill_temp"] for r in rows], float)
-    terms = np.array([[r["tokens"] * r["width"], r["tokens"] * r["hidden"]] for r in rows], float)
+    # A prefill of more tokens than DEFAULT_PREFILL_CHUNK runs in chunks of that many: its
+    # temp is one chunk's.
+    eff = [min(r["tokens"], DEFAULT_PREFILL_CHUNK) for r in rows]
+    terms = np.array([[t * r["width"], t * r["hidden"]] for t, r in zip(eff, rows, strict=True)],
+                     float)  # fmt: skip
     (a, b), *_ = np.linalg.lstsq(terms / temps[:, None], np.ones(len(rows)), rcond=None)
     print(f"fit: prefill temp ~= T x ({a:.3f} x intermediate + {b:.3f} x hidden)")
     for r, x in zip(rows, terms @ np.array([a, b]), strict=True):

@@ -70,6 +70,7 @@ __all__ = [
     "DEFAULT_PREFILL_CHUNK",
     "ESTIMATE_MARGIN",
     "MAMBA_BYTES_PER_WIDTH",
+    "MLA_BYTES_PER_LATENT",
     "PREFILL_BYTES_PER_HIDDEN",
     "PREFILL_BYTES_PER_INTERMEDIATE",
     "RUNTIME_RESERVE",
@@ -92,6 +93,10 @@ RUNTIME_RESERVE = GIB
 PREFILL_BYTES_PER_INTERMEDIATE = 4.0
 PREFILL_BYTES_PER_HIDDEN = 12.5
 MAMBA_BYTES_PER_WIDTH = 10.0
+# MLA prefill temp per token and per unit of `heads x (kv_lora + rope)`: the absorbed query's
+# float32 latent product and its bf16 `[q_lat | q_rope]` rows (6 B per unit; DeepSeek-V3
+# widths measured 414 KB per token, this gives 442 KB). See the module docstring.
+MLA_BYTES_PER_LATENT = 6.0
 # Fixed decode temp beside the logits bound (small buffers: the argmax, indices).
 DECODE_FIXED = 256 << 10
 ESTIMATE_MARGIN = 1.10
@@ -112,7 +117,12 @@ def prefill_temp_estimate(config: Any, max_batch_tokens: int) -> int:
     dense = (PREFILL_BYTES_PER_INTERMEDIATE * _mlp_width(config)
              + PREFILL_BYTES_PER_HIDDEN * config.hidden_size)  # fmt: skip
     mamba = MAMBA_BYTES_PER_WIDTH * int(getattr(config, "mamba2_in_proj_size", 0) or 0)
-    return int(max_batch_tokens * max(dense, mamba))
+    lora = int(getattr(config, "kv_lora_rank", 0) or 0)
+    mla = 0.0
+    if lora:
+        rope = int(getattr(config, "qk_rope_head_dim", 0) or 0)
+        mla = MLA_BYTES_PER_LATENT * config.num_attention_heads * (lora + rope)
+    return int(max_batch_tokens * max(dense, mamba, mla))
 
 
 def decode_temp_estimate(config: Any, max_batch_size: int) -> int:
