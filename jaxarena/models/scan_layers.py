@@ -12,7 +12,9 @@ The scanned layout of the parameters and caches (what the steps of a scanning `A
 - `params["layers"]`: one entry per run, a list of `period` parameter dicts; in a run of
   `repeats > 1` every leaf gains a leading axis of `repeats` (repetition `k` at index `k`).
   `stack_params` builds it on the host (numpy), before the one host -> device copy, so the
-  device never holds both layouts.
+  device never holds both layouts. Inside the scan a block gets repetition `k`'s slice of
+  each leaf (`sliced_after`), except its `Block.scan_in_place` keys (the MoE experts): those
+  come whole, `[repeats * E, ...]`, and the block reads its `E` entries at `k * E` in place.
 - caches: one entry per block of a run's first repetition, under that block's
   `Arch.cache_keys` key. A block with a paged cache (`Block.paged_kv`: pages indexed through
   `StepContext.block_tables`) gets the pages of all repetitions back to back along the page
@@ -30,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxarena.models.blocks.base import Block
+from jaxarena.models.blocks.base import SCAN_INDEX, Block
 
 __all__ = [
     "MAX_PERIOD",
@@ -108,7 +110,8 @@ def stack_params(runs: tuple[tuple[int, int, int], ...], params: dict[str, Any])
     return {**params, "layers": out}
 
 
-def sliced_after(stack: Any, k: Any, h: Any, *, first: bool = False) -> tuple[Any, Any]:
+def sliced_after(stack: Any, k: Any, h: Any, *, first: bool = False,
+                 in_place: tuple[str, ...] = ()) -> tuple[Any, Any]:  # fmt: skip
     """Repetition `k`'s parameters of one block (`stack`: its stacked parameter tree), sliced
     once `h` (the residual stream entering the block) exists: `(params, h)`.
 
@@ -123,10 +126,23 @@ def sliced_after(stack: Any, k: Any, h: Any, *, first: bool = False) -> tuple[An
     dynamic-slice memcpy once; benchmarks/compile_layers.py). The barrier is the identity on
     values: the results are those of the plain slice. `first`: the period's first block,
     which waits for nothing (the loop body starts there).
+
+    `in_place`: the block's `Block.scan_in_place` keys, not sliced: each of their leaves
+    `[R, E, ...]` comes whole as `[R * E, ...]` (a reshape XLA makes a bitcast) and
+    `params[SCAN_INDEX]` is `k`, so the block reads repetition `k`'s entries at `k * E` in
+    place (the MoE block's experts through the grouped GEMM's `group_offset`: at
+    Qwen3-30B-A3B widths a layer's experts are 1.1 GiB, which the slice would copy per layer
+    per step).
     """
     if not first:
         stack, h = lax.optimization_barrier((stack, h))
-    return jax.tree.map(lambda a: lax.dynamic_index_in_dim(a, k, 0, False), stack), h
+    keep = {key: stack[key] for key in in_place if key in stack}
+    rest = {key: v for key, v in stack.items() if key not in keep}
+    p = jax.tree.map(lambda a: lax.dynamic_index_in_dim(a, k, 0, False), rest)
+    if keep:
+        merged = jax.tree.map(lambda a: a.reshape(a.shape[0] * a.shape[1], *a.shape[2:]), keep)
+        p = {**p, **merged, SCAN_INDEX: k}
+    return p, h
 
 
 def _join_pages(leaves: list[Any]) -> Any:

@@ -261,7 +261,7 @@ class ArenaLM:
             arena, h, cs = carry
             new = []
             for j, (block, stack, c) in enumerate(zip(blocks, group, cs, strict=True)):
-                p, h = sliced_after(stack, k, h, first=j == 0)
+                p, h = sliced_after(stack, k, h, first=j == 0, in_place=block.scan_in_place)
                 block_ctx, layer_c = ctx, c
                 if c is not None and block.paged_kv:
                     pages = jax.tree.leaves(c)[0].shape[0] // repeats

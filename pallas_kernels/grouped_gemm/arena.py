@@ -27,7 +27,12 @@ from jaxarena._arena.bytes import store_bytes
 from pallas_kernels._arena_io import ROW_BYTES, plan_windows
 from pallas_kernels._args import resolve_interpret
 from pallas_kernels.fp8_block_quant.inplace import quantize_inplace
-from pallas_kernels.grouped_gemm.checks import check_fp8, check_group_sizes, check_row_ids
+from pallas_kernels.grouped_gemm.checks import (
+    check_fp8,
+    check_group_offset,
+    check_group_sizes,
+    check_row_ids,
+)
 from pallas_kernels.grouped_gemm.kernel import ArenaAt, grouped_gemm_kernel
 from pallas_kernels.grouped_gemm.ops import (
     FP8_BLOCK,
@@ -46,8 +51,8 @@ _I32_LIMIT = 2**31
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "parts", "q_rows", "out_dtype", "interpret"))
-def _run(arena, x, w_bits, scale_inv, group_sizes, row_ids, *, cfg, parts, q_rows, out_dtype,
-         interpret):  # fmt: skip
+def _run(arena, x, w_bits, scale_inv, group_sizes, row_ids, offset, *, cfg, parts, q_rows,
+         out_dtype, interpret):  # fmt: skip
     act, scl, wl, cnt = parts  # absolute byte offsets of the four parts
     nb = pl.cdiv(cfg.k, FP8_BLOCK)
     arena = quantize_inplace(arena, x, offsets=(act, scl, None), rows=q_rows,
@@ -62,6 +67,7 @@ def _run(arena, x, w_bits, scale_inv, group_sizes, row_ids, *, cfg, parts, q_row
     row0 = [win.joined_row0(i, off) for i, off in enumerate((act, scl, wl, cnt))]
     cfg = cfg.__class__(**{**cfg.__dict__, "arena": ArenaAt(*row0, words.shape[0] - 1)})
     operands = [bounds] + ([row_ids] if cfg.gather else []) + [words, w_bits, scale_inv]
+    operands += [offset] if cfg.rhs_groups else []
     n_tiles = pl.cdiv(cfg.n, cfg.block_n)
     rows = pl.cdiv(cfg.m, cfg.block_m) * cfg.block_m if interpret else cfg.m
     cols = n_tiles * cfg.block_n if interpret else cfg.n
@@ -92,6 +98,7 @@ def grouped_gemm_fp8_into(
     region: str = MOE_FP8_REGION,
     out_dtype: Any = jnp.bfloat16,
     interpret: bool | None = None,
+    group_offset: Any = None,
 ) -> tuple[jax.Array, jax.Array]:
     """`grouped_gemm_fp8` with its activations, scales, work list and counter in the arena.
 
@@ -105,8 +112,8 @@ def grouped_gemm_fp8_into(
       arena: the plan's `uint8` arena. Donate it to the enclosing `jax.jit` for the writes to
         be in place; use the returned one.
       plan: a `jaxarena.ArenaPlan` with `region`, 256-byte aligned.
-      x, w, scale_inv, group_sizes, row_ids, out_dtype, interpret: as for `grouped_gemm_fp8`
-        (`x [T, K]`, `K % 4 == 0`).
+      x, w, scale_inv, group_sizes, row_ids, out_dtype, interpret, group_offset: as for
+        `grouped_gemm_fp8` (`x [T, K]`, `K % 4 == 0`).
       layout: the slab's parts, `jaxarena.workspaces.moe_fp8_scratch_layout(...)` for the
         model's config and the step's rows (the sizing's own numbers).
       region: the slab's region name.
@@ -120,8 +127,10 @@ def grouped_gemm_fp8_into(
       ArenaError (a ValueError): a missing region, or one smaller than the layout's bytes.
       NotImplementedError: `K % 4 != 0`, or an activation span of 2^31 bytes or more.
     """
-    t, k, n, g = check_fp8(x, w, scale_inv, FP8_BLOCK)
+    t, k, n, wg = check_fp8(x, w, scale_inv, FP8_BLOCK)
     m = t if row_ids is None else check_row_ids(row_ids, t)
+    offset = check_group_offset(group_offset, group_sizes, wg)
+    g = wg if offset is None else group_sizes.shape[0]
     check_group_sizes(group_sizes, g, m)
     if set(layout) != set(workspaces.MOE_FP8_PARTS):
         raise ValueError(f"layout must have the parts {workspaces.MOE_FP8_PARTS}, got "
@@ -152,9 +161,10 @@ def grouped_gemm_fp8_into(
     interpret = resolve_interpret(interpret)
     if m == 0 or n == 0 or k == 0 or t == 0:
         return arena, jnp.zeros((m, n), out_dtype)
-    cfg = fp8_config(m, k, n, g, _BLOCK_M, gather=row_ids is not None, interpret=interpret)
+    cfg = fp8_config(m, k, n, g, _BLOCK_M, gather=row_ids is not None, interpret=interpret,
+                     rhs_groups=0 if offset is None else wg)  # fmt: skip
     parts = tuple(base + layout[p][0] for p in workspaces.MOE_FP8_PARTS)
     ids = None if row_ids is None else row_ids.astype(jnp.int32)
     w_bits = jax.lax.bitcast_convert_type(w, jnp.uint8)
-    return _run(arena, x, w_bits, scale_inv, group_sizes, ids, cfg=cfg, parts=parts,
+    return _run(arena, x, w_bits, scale_inv, group_sizes, ids, offset, cfg=cfg, parts=parts,
                 q_rows=q_rows, out_dtype=out_dtype, interpret=interpret)  # fmt: skip

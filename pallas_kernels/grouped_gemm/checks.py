@@ -10,7 +10,13 @@ import numpy as np
 
 from pallas_kernels._args import check_rank, is_concrete
 
-__all__ = ["check_dense", "check_fp8", "check_group_sizes", "check_row_ids"]
+__all__ = [
+    "check_dense",
+    "check_fp8",
+    "check_group_offset",
+    "check_group_sizes",
+    "check_row_ids",
+]
 
 _FLOATS = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32), jnp.dtype(jnp.float16))
 _FP8 = jnp.dtype(jnp.float8_e4m3fn)
@@ -93,3 +99,29 @@ def check_row_ids(row_ids: Any, m_tokens: int) -> int:
             i = int(np.argmax(bad))
             raise ValueError(f"row_ids[{i}]={int(host[i])} must be in [0, {m_tokens})")
     return r
+
+
+def check_group_offset(group_offset: Any, group_sizes: Any, rhs_groups: int) -> Any:
+    """The weights `group_sizes`' groups read: `None` (all `rhs_groups`, one per group) or an
+    `int32[1]` first weight `group_offset` of `len(group_sizes)` consecutive ones in the
+    `rhs_groups` the weight holds. A concrete offset must keep them inside the weight (a traced
+    one is clipped into `[0, rhs_groups - len(group_sizes)]` by the kernel)."""
+    (g,) = check_rank("group_sizes", group_sizes, 1, "[G] (rows per group)")
+    if group_offset is None:
+        return None
+    if g > rhs_groups:
+        raise ValueError(f"group_sizes.shape={(g,)} must have at most one entry per weight of "
+                         f"the layer-stacked rhs ({rhs_groups})")  # fmt: skip
+    try:
+        off = jnp.asarray(group_offset)
+    except TypeError as e:
+        raise ValueError(f"group_offset={group_offset!r} must be one integer") from e
+    if off.size != 1 or off.ndim > 1 or not jnp.issubdtype(off.dtype, jnp.integer):
+        raise ValueError(f"group_offset (shape {off.shape}, dtype {off.dtype}) must be one "
+                         "integer: the weight group 0 reads")  # fmt: skip
+    if is_concrete(group_offset):
+        v = int(np.asarray(group_offset).reshape(()))
+        if not 0 <= v <= rhs_groups - g:
+            raise ValueError(f"group_offset={v} must be in [0, {rhs_groups - g}]: groups "
+                             f"{v}..{v + g - 1} of the {rhs_groups} weights of rhs")  # fmt: skip
+    return off.reshape(1).astype(jnp.int32)

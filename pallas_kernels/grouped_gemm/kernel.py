@@ -47,7 +47,10 @@ class GemmConfig:
     `block_m/n/k` the tile; `fp8`: e4m3 operands with 1 x `scale_block` activation scales and
     `scale_block` x `scale_block` weight scales (`block_k` and `block_n` divide it); `rhs_nk`: the
     weight is `[G, N, K]` (else `[G, K, N]`); `gather`: lhs row `r` of the sorted problem is
-    `lhs[row_ids[r]]`; `upcast`: multiply in f32 (interpret mode, where the CPU has no fp8 dot).
+    `lhs[row_ids[r]]`; `upcast`: multiply in f32 (interpret mode, where the CPU has no fp8 dot);
+    `rhs_groups`: the weights `rhs` holds (0: `groups`); with more, a scalar `group_offset`
+    operand picks the `groups` consecutive weights group 0 starts at (clipped to
+    `[0, rhs_groups - groups]`): one layer's experts of a layer-stacked weight, read in place.
     """
 
     m: int
@@ -63,6 +66,7 @@ class GemmConfig:
     upcast: bool = False
     scale_block: int = 128
     arena: ArenaAt | None = None
+    rhs_groups: int = 0
 
 
 def _scalar(ref, *idx):
@@ -82,9 +86,10 @@ def grouped_gemm_kernel(*refs, cfg: GemmConfig) -> None:
     `bounds[g]:bounds[g + 1]`, group `G` the zero rows), `count int32[1]` (items in use), then
     `row_ids int32[m]` when `gather`, `lhs [rows, K]`, `lhs_scale f32[rows, ceil(K/bk)]` when
     `fp8`, `rhs` (`[G, K, N]` or `[G, N, K]`), `rhs_scale f32[G, ceil(N/128), ceil(K/128)]` when
-    `fp8`, and the output `[m, N]`. With `cfg.arena`: `bounds`, `row_ids` when `gather`, the
+    `fp8`, `group_offset int32[1]` when `cfg.rhs_groups`, and the output `[m, N]`. With
+    `cfg.arena`: `bounds`, `row_ids` when `gather`, the
     arena operand `uint32[rows, 64]` (work list, counter, activations and scales, `ArenaAt`),
-    `rhs`, `rhs_scale` and the output.
+    `rhs`, `rhs_scale`, `group_offset` and the output.
     """
     refs = list(refs)
     at = cfg.arena
@@ -98,6 +103,7 @@ def grouped_gemm_kernel(*refs, cfg: GemmConfig) -> None:
     lhs_scale_ref = rest.pop(0) if cfg.fp8 and at is None else None
     rhs_ref = rest.pop(0)
     rhs_scale_ref = rest.pop(0) if cfg.fp8 else None
+    offset_ref = rest.pop(0) if cfg.rhs_groups else None
     (out_ref,) = rest
 
     def word(row0, index, mask=None):
@@ -151,6 +157,8 @@ def grouped_gemm_kernel(*refs, cfg: GemmConfig) -> None:
     col_ok = cols < cfg.n
     cols_c = jnp.minimum(cols, cfg.n - 1)
     ge = jnp.minimum(gc, cfg.groups - 1)  # the zero group reads no weight (trip count 0)
+    if offset_ref is not None:
+        ge = ge + jnp.clip(_scalar(offset_ref, 0), 0, cfg.rhs_groups - cfg.groups)
     num_k = pl.cdiv(cfg.k, bk)
     # Depth steps this program runs: 0 for the zero group and idle items. A while loop (scf.while):
     # a `fori_loop` with a traced trip count lowers to an scf.for whose bounds Triton refuses.

@@ -28,6 +28,7 @@ from pallas_kernels.fp8_block_quant import fp8_block_quant
 from pallas_kernels.grouped_gemm.checks import (
     check_dense,
     check_fp8,
+    check_group_offset,
     check_group_sizes,
     check_row_ids,
 )
@@ -95,12 +96,14 @@ def work_list(group_sizes: jax.Array, m: int, block_m: int) -> tuple[jax.Array, 
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "out_dtype", "interpret"))
-def run_gemm(items, bounds, count, row_ids, lhs, lhs_scale, rhs, rhs_scale, *,
-             cfg: GemmConfig, out_dtype: Any, interpret: bool) -> jax.Array:  # fmt: skip
-    """The `pallas_call` over a given work list; returns `out[cfg.m, cfg.n]`."""
+def run_gemm(items, bounds, count, row_ids, lhs, lhs_scale, rhs, rhs_scale, group_offset=None,
+             *, cfg: GemmConfig, out_dtype: Any, interpret: bool) -> jax.Array:  # fmt: skip
+    """The `pallas_call` over a given work list; returns `out[cfg.m, cfg.n]`. `group_offset`
+    (`int32[1]`) goes in when `cfg.rhs_groups` is set."""
     operands = [items, bounds, count]
     operands += [row_ids] if cfg.gather else []
     operands += [lhs] + ([lhs_scale] if cfg.fp8 else []) + [rhs] + ([rhs_scale] if cfg.fp8 else [])
+    operands += [group_offset] if cfg.rhs_groups else []
     num_items = items.shape[0]
     n_tiles = pl.cdiv(cfg.n, cfg.block_n)
     # Interpret mode: whole tiles of output (see the kernel's store); compiled: exactly [m, n].
@@ -137,6 +140,7 @@ def grouped_gemm(
     out_dtype: Any = None,
     block_m: int | None = None,
     interpret: bool | None = None,
+    group_offset: Any = None,
 ) -> jax.Array:
     """Dropless grouped GEMM: `out[r] = lhs[r] @ rhs[g]` for the rows `r` of group `g`.
 
@@ -148,22 +152,32 @@ def grouped_gemm(
 
     Args:
       lhs: `[M, K]` bfloat16, float16 or float32, rows sorted by group. Not donated.
-      rhs: `[G, K, N]` bfloat16, float16 or float32, one weight per group.
+      rhs: `[G, K, N]` bfloat16, float16 or float32, one weight per group; with
+        `group_offset`, `[W, K, N]` with `W >= G` weights (e.g. `L` layers' experts, `[L, E, K,
+        N]` reshaped, a free bitcast).
       group_sizes: `int[G]` rows per group; may be traced (one compiled function serves every
         routing). Its sum must not exceed M (checked when concrete; traced: the cumulative sum
         is clipped to M and negative entries count as 0).
       out_dtype: the output dtype; default `lhs.dtype`.
       block_m: rows per tile, a power of two >= 16; default 128 (fewer for small M).
       interpret: None: the Pallas interpreter on CPU, the compiled Triton kernel on GPU.
+      group_offset: None, or an integer scalar (may be traced): group `g` multiplies by
+        `rhs[group_offset + g]`, read in place (a layer's experts of a layer-stacked weight
+        under `lax.scan`, with no copy of the layer's slice). A traced offset is clipped into
+        `[0, W - G]`.
 
     Returns:
       `[M, N]` of `out_dtype`.
 
     Raises:
-      ValueError: wrong ranks, dtypes or shapes; a `group_sizes` of another length than G, not
-        integer, negative or summing past M (concrete); a bad `block_m`.
+      ValueError: wrong ranks, dtypes or shapes; a `group_sizes` of another length than G (or,
+        with `group_offset`, longer than W), not integer, negative or summing past M
+        (concrete); a bad `block_m`; a `group_offset` not one integer, or concrete and outside
+        `[0, W - G]`.
     """
-    m, k, n, g = check_dense(lhs, rhs)
+    m, k, n, w = check_dense(lhs, rhs)
+    offset = check_group_offset(group_offset, group_sizes, w)
+    g = w if offset is None else group_sizes.shape[0]
     check_group_sizes(group_sizes, g, m)
     bm = _block("block_m", block_m, default_block_m(m))
     out_dtype = jnp.dtype(lhs.dtype if out_dtype is None else out_dtype)
@@ -173,9 +187,10 @@ def grouped_gemm(
     if k == 0:
         return jnp.zeros((m, n), out_dtype)
     cfg = GemmConfig(m=m, k=k, n=n, groups=g, block_m=bm, block_n=BLOCK_N,
-                     block_k=min(64, max(16, pl.next_power_of_2(k))))  # fmt: skip
+                     block_k=min(64, max(16, pl.next_power_of_2(k))),
+                     rhs_groups=0 if offset is None else w)  # fmt: skip
     items, bounds, count = work_list(group_sizes, m, bm)
-    return run_gemm(items, bounds, count, None, lhs, None, rhs, None, cfg=cfg,
+    return run_gemm(items, bounds, count, None, lhs, None, rhs, None, offset, cfg=cfg,
                     out_dtype=out_dtype, interpret=interpret)  # fmt: skip
 
 
@@ -184,11 +199,13 @@ def _bits(a: jax.Array) -> jax.Array:
     return jax.lax.bitcast_convert_type(a, jnp.uint8)
 
 
-def fp8_config(m: int, k: int, n: int, g: int, bm: int, *, gather: bool, interpret: bool):
-    """The `GemmConfig` of a block-FP8 grouped GEMM."""
+def fp8_config(m: int, k: int, n: int, g: int, bm: int, *, gather: bool, interpret: bool,
+               rhs_groups: int = 0):  # fmt: skip
+    """The `GemmConfig` of a block-FP8 grouped GEMM (`rhs_groups`: `GemmConfig`'s)."""
     # 32-deep steps (four per scale block): 128-deep spills on an H200, 64-deep on a B200.
     return GemmConfig(m=m, k=k, n=n, groups=g, block_m=bm, block_n=BLOCK_N, block_k=32,
-                      fp8=True, rhs_nk=True, gather=gather, upcast=interpret)  # fmt: skip
+                      fp8=True, rhs_nk=True, gather=gather, upcast=interpret,
+                      rhs_groups=rhs_groups)  # fmt: skip
 
 
 def grouped_gemm_fp8(
@@ -201,6 +218,7 @@ def grouped_gemm_fp8(
     out_dtype: Any = jnp.bfloat16,
     block_m: int | None = None,
     interpret: bool | None = None,
+    group_offset: Any = None,
 ) -> jax.Array:
     """Grouped GEMM with block-FP8 weights: the Qwen3-30B-A3B-FP8 / DeepSeek-V3 format.
 
@@ -220,7 +238,8 @@ def grouped_gemm_fp8(
       group_sizes: `int[G]` sorted rows per group, as for `grouped_gemm`.
       row_ids: optional `int[M]`: sorted row `r` reads `x[row_ids[r]]`; without it M = T.
       out_dtype: output dtype, default bfloat16 (vLLM's `output_dtype=a.dtype`).
-      block_m, interpret: as for `grouped_gemm`.
+      block_m, interpret, group_offset: as for `grouped_gemm` (`w` and `scale_inv` then hold
+        `W >= G` experts; group `g` reads `w[group_offset + g]` and its scales).
 
     Returns:
       `[M, N]` of `out_dtype`.
@@ -229,8 +248,10 @@ def grouped_gemm_fp8(
       ValueError: wrong ranks, dtypes, shapes (`scale_inv` must match `w`'s 128-blocks),
         `group_sizes` as for `grouped_gemm`, a concrete `row_ids` outside `[0, T)`.
     """
-    t, k, n, g = check_fp8(x, w, scale_inv, FP8_BLOCK)
+    t, k, n, wg = check_fp8(x, w, scale_inv, FP8_BLOCK)
     m = t if row_ids is None else check_row_ids(row_ids, t)
+    offset = check_group_offset(group_offset, group_sizes, wg)
+    g = wg if offset is None else group_sizes.shape[0]
     check_group_sizes(group_sizes, g, m)
     bm = _block("block_m", block_m, default_block_m(m))
     out_dtype = jnp.dtype(out_dtype)
@@ -238,9 +259,10 @@ def grouped_gemm_fp8(
     if m == 0 or n == 0 or k == 0 or t == 0:
         return jnp.zeros((m, n), out_dtype)
     q, scales = fp8_block_quant(x, block_size=FP8_BLOCK, interpret=interpret)
-    cfg = fp8_config(m, k, n, g, bm, gather=row_ids is not None, interpret=interpret)
+    cfg = fp8_config(m, k, n, g, bm, gather=row_ids is not None, interpret=interpret,
+                     rhs_groups=0 if offset is None else wg)  # fmt: skip
     items, bounds, count = work_list(group_sizes, m, bm)
     ids = None if row_ids is None else row_ids.astype(jnp.int32)
     q, w = _bits(q), _bits(w)
-    return run_gemm(items, bounds, count, ids, q, scales, w, scale_inv, cfg=cfg,
+    return run_gemm(items, bounds, count, ids, q, scales, w, scale_inv, offset, cfg=cfg,
                     out_dtype=out_dtype, interpret=interpret)  # fmt: skip

@@ -1,8 +1,9 @@
 """`ArenaLM(scan_layers=True)` (issue 23 item 5): runs of identical layers under one
 `lax.scan`. The runs found (`layer_runs`), and scanned steps against the unrolled ones on the
-fixture checkpoints: bit-identical prefill logits, greedy tokens and decode logits, the arena
-and caches still aliased, decode traced once. Compile time against the layer count is a
-report, not a test: benchmarks/compile_layers.py."""
+fixture checkpoints (mixtral: MoE experts read in place, `Block.scan_in_place`): bit-identical
+prefill logits, greedy tokens and decode logits, the arena and caches still aliased, decode
+traced once; the FP8 experts' in-place read on one block. Compile time against the layer count
+is a report, not a test: benchmarks/compile_layers.py."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from lm_runs import CHECKPOINTS, FAST_CPU_COMPILE, LIMITS, NEW_TOKENS
 
 from jaxarena.models import load_pretrained
-from jaxarena.models.scan_layers import layer_runs
+from jaxarena.models.scan_layers import layer_runs, sliced_after
 
 
 def _check_cover(blocks, runs):
@@ -45,7 +46,7 @@ def test_layer_runs(blocks, expected):
     assert runs == expected
 
 
-@pytest.mark.parametrize("name", ["qwen3", "mamba2"])
+@pytest.mark.parametrize("name", ["qwen3", "mamba2", "mixtral"])
 def test_scanned_steps_equal_unrolled(runs, name):
     """Bit-identical to the unrolled model. Each repetition runs the same block code on the
     same values in the same order (the scan changes only where the layer's weights and cache
@@ -80,10 +81,46 @@ def test_scanned_steps_equal_unrolled(runs, name):
     # The temp the scan adds: inside the loop a repetition's weights are sliced out of the
     # stacked parameters, a copy (XLA slices no loop operand in place), and on CPU widened to
     # f32 for the dot: at most one period's weights at 2 + 4 bytes per element. Nothing of the
-    # arena's size (the carry copied instead of updated in place would be).
+    # arena's size (the carry copied instead of updated in place would be). A block's
+    # `scan_in_place` weights (the MoE experts) are read in place, never sliced, so they do not
+    # count (mixtral: the experts are 79% of a period's elements).
     period = max(lm.model.layer_runs, key=lambda run: run[2])
+    start, n, repeats = period
     group = lm.params["layers"][lm.model.layer_runs.index(period)]
-    period_elements = sum(x.size // period[2] for x in jax.tree.leaves(group))
+    blocks = lm.model.arch.blocks[start : start + n]
+    sliced = [{key: v for key, v in p.items() if key not in b.scan_in_place}
+              for b, p in zip(blocks, group, strict=True)]  # fmt: skip
+    period_elements = sum(x.size // repeats for x in jax.tree.leaves(sliced))
     extra = 6 * period_elements
     assert extra < lm.arena_bytes
     assert mem["temp"] <= base_mem["temp"] + extra
+
+
+def test_fp8_moe_reads_its_layers_experts_in_place(runs):
+    """The block-FP8 experts under the scan (the FP8 grouped GEMM in `moe_fp8_scratch`, with
+    `group_offset`). No FP8 fixture repeats a layer, so the qwen3_moe_fp8 MoE block runs on its
+    parameters stacked after another layer's (its experts with every scale doubled), as
+    `sliced_after` hands them to repetition `k`: repetition 1 must equal the block on its own
+    parameters bit for bit (the same kernel, tiles and sums; only where the weights come from
+    changed), repetition 0 must not (it reads the other layer's scales)."""
+    lm = runs.lm("qwen3_moe_fp8")
+    env = lm.model.env
+    j = next(i for i, b in enumerate(lm.model.arch.blocks) if b.kind == "moe")
+    block, p = lm.model.arch.blocks[j], lm.params["layers"][j]
+    assert "scale_inv" in p["w_down"], "the fixture's experts must be block-FP8"
+    other = {**p, **{key: {**p[key], "scale_inv": p[key]["scale_inv"] * 2}
+                     for key in block.scan_in_place if key in p}}  # fmt: skip
+    stacked = jax.tree.map(lambda a, b: jax.numpy.stack([a, b]), other, p)
+    t = 4
+    rng = np.random.default_rng(0)
+    x = jax.numpy.asarray(rng.standard_normal((t, env.config.hidden_size)), jax.numpy.bfloat16)
+    x = x.astype(jax.numpy.float32)
+
+    @jax.jit
+    def scanned(arena, k):
+        q, _ = sliced_after(stacked, k, x, first=True, in_place=block.scan_in_place)
+        return block._forward(env, q, arena, x, t)[1]
+
+    direct = jax.jit(lambda arena: block._forward(env, p, arena, x, t)[1])(lm.arena)
+    np.testing.assert_array_equal(np.asarray(scanned(lm.arena, 1)), np.asarray(direct))
+    assert not np.array_equal(np.asarray(scanned(lm.arena, 0)), np.asarray(direct))

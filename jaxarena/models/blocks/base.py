@@ -21,7 +21,11 @@ import jax.numpy as jnp
 
 from jaxarena import ArenaPlan, Levers, ModelConfig, Target
 
-__all__ = ["Block", "Env", "StatelessBlock", "StepContext", "dense_init"]
+__all__ = ["SCAN_INDEX", "Block", "Env", "StatelessBlock", "StepContext", "dense_init"]
+
+SCAN_INDEX = "scan_index"
+"""The parameter key holding a scanned block's repetition (`int32` scalar) when the block has
+`Block.scan_in_place` keys; absent in an unrolled step."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -104,6 +108,11 @@ class Block:
     # True: `prefill` continues sequences from earlier chunks (`ctx.cached_lens`): a prompt
     # may be prefilled in pieces. False: the decoder refuses chunked prefill for the model.
     chunked_prefill: ClassVar[bool] = False
+    # Parameter keys a scanned run (`models/scan_layers.py`) does not slice per repetition:
+    # their stacked leaves `[R, E, ...]` reach the block whole as `[R * E, ...]` (a free
+    # reshape), with the repetition in `params[SCAN_INDEX]`, and the block reads its `E`
+    # entries at `SCAN_INDEX * E` in place (the MoE block's experts: no per-layer copy).
+    scan_in_place: ClassVar[tuple[str, ...]] = ()
 
     def init_params(self, config: ModelConfig, keys: Iterator[jax.Array]) -> dict[str, Any]:
         """Random float32 weights of this mixer (without the pre-norm)."""

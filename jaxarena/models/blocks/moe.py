@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxarena import ModelConfig, workspaces
-from jaxarena.models.blocks.base import Env, StatelessBlock, dense_init
+from jaxarena.models.blocks.base import SCAN_INDEX, Env, StatelessBlock, dense_init
 from jaxarena.models.blocks.mlp import ffn_down_regions
 from jaxarena.models.blocks.moe_routing import (
     DEEPSEEK_V2_TOPK_METHODS,
@@ -142,6 +142,9 @@ class MoE(StatelessBlock):
     """
 
     kind: ClassVar[str] = "moe"
+    # Under `scan_layers` the experts stay stacked (`[R * E, ...]`) and the grouped GEMMs read
+    # this layer's at `group_offset = SCAN_INDEX * E`: no per-layer copy of the experts.
+    scan_in_place: ClassVar[tuple[str, ...]] = ("w_gate_up", "w_up", "w_down")
     router: str = "softmax"
     norm_topk_prob: bool = True
     n_group: int = 1
@@ -266,11 +269,12 @@ class MoE(StatelessBlock):
                                    routed_scaling_factor=self.routed_scaling_factor)  # fmt: skip
 
     @staticmethod
-    def _gemm(env: Env, arena, x: jax.Array, w, sizes, token, t: int):
+    def _gemm(env: Env, arena, x: jax.Array, w, sizes, token, t: int, offset=None):
         """Grouped GEMM of the rows `x` (`[R, K]`, bf16 or bf16-rounded float32; the sorted
         rows are `x[token]` when `token` is given) with per-expert weights `w`, for a step of
         `t` tokens; returns `(arena, float32[rows, N])`. FP8 weights quantize `x` into
-        `moe_fp8_scratch`, which the FP8 grouped GEMM reads in place."""
+        `moe_fp8_scratch`, which the FP8 grouped GEMM reads in place. `offset`: a scanned
+        layer's first expert in the layer-stacked `w` (`[R * E, ...]`), or None."""
         c, plan, it = env.config, env.plan, env.interpret
         if is_fp8(w):
             x = x.astype(BF16)  # exact: `x` is bf16-rounded
@@ -281,13 +285,14 @@ class MoE(StatelessBlock):
                 shared_expert_intermediate_size=c.shared_expert_intermediate_size)  # fmt: skip
             arena, out = grouped_gemm_fp8_into(arena, plan, x, w["w"], w["scale_inv"], sizes,
                                                layout=layout, row_ids=token, out_dtype=F32,
-                                               interpret=it)  # fmt: skip
+                                               interpret=it, group_offset=offset)  # fmt: skip
             # The GEMM read the slab: tie its output to this arena before the next write.
             out, arena = jax.lax.optimization_barrier((out, arena))
             return arena, out
         # Gathered, then narrowed (exact): XLA fuses the two, no bf16 copy of `x`.
         lhs = (x if token is None else x[token]).astype(BF16)
-        return arena, grouped_gemm(lhs, w.astype(BF16), sizes, out_dtype=F32, interpret=it)
+        return arena, grouped_gemm(lhs, w.astype(BF16), sizes, out_dtype=F32, interpret=it,
+                                   group_offset=offset)  # fmt: skip
 
     def _shared(self, env: Env, p, arena, x: jax.Array, t: int):
         """The shared expert on the block input `x`: `(arena, float32[T, hidden])`, rounded
@@ -327,6 +332,8 @@ class MoE(StatelessBlock):
         weights, ids = self._route(p, logits, k)
         order, sizes, token = sort_by_expert(ids, e)
         expert = ids.reshape(-1)[order]
+        # scan_layers: this layer's experts in the stacked weights (`Block.scan_in_place`).
+        off = p[SCAN_INDEX] * e if SCAN_INDEX in p else None
         src = xb
         if self.latent:  # 3. (`ssm_ba`)
             arena, lat = linear(plan, arena, x, (t, h), p["w_lat_in"],
@@ -334,12 +341,12 @@ class MoE(StatelessBlock):
             src = stored(lat)
         # 4. gate / up (`expert_gate_out`, `expert_up_out`), activation (`expert_up_out`)
         w_in = p["w_gate_up"] if self.act == "swiglu" else p["w_up"]
-        arena, gu = self._gemm(env, arena, src, w_in, sizes, token, t)
+        arena, gu = self._gemm(env, arena, src, w_in, sizes, token, t, off)
         if self.act == "swiglu":
             gu = stored(gu)
         a = stored(self._act(p, gu, expert))
         # 5. down (`expert_down_out`)
-        arena, y = self._gemm(env, arena, a, p["w_down"], sizes, None, t)
+        arena, y = self._gemm(env, arena, a, p["w_down"], sizes, None, t, off)
         y = stored(self._down_bias(p, y, expert))
         # 6. combine in float32 (`moe_output`)
         out = stored(combine(y, order, weights, F32))
