@@ -68,8 +68,7 @@ from jaxarena.models.blocks.moe import MoE
 U_BF16 = 2.0**-9
 QUIET_MARGIN = 0.3  # tools/make_moe_fixtures.py: no router margin below it in the prompts
 BF16_MOE = ("qwen3_moe", "mixtral", "nemotron_h_moe")
-# relu2: as in test_pretrained (the up projection rounded before the square).
-ROUNDINGS = {"attention": 2 + 3, "swiglu": 2 + 4, "relu2": 2 + 2 + 4, "mamba": 2 + 4}
+ROUNDINGS = {"attention": 2 + 3, "swiglu": 2 + 4, "relu2": 2 + 2, "mamba": 2 + 4}
 
 
 def block_roundings(block) -> int:

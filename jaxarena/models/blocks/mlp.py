@@ -103,12 +103,9 @@ class MLP(StatelessBlock):
                                    stored_out=True)  # fmt: skip
             act = stored(_GATES[self.act](stored(g)) * stored(u))
         else:
-            # `up` rounded as `expert_up_out` would store it, by the GEMM itself: a float32
-            # `up` is the step's largest temp at long prompts (Nemotron-H-8B, 8192 tokens:
-            # `[8192, 21504]`, 672 MiB next to the bf16 activation's 336 MiB).
             arena, up = linear(plan, arena, x, (t, h), p["w_up"], act_regions, quant=quant,
-                               interpret=it, stored_out=True)  # fmt: skip
-            act = stored(jnp.square(jax.nn.relu(stored(up))))
+                               interpret=it)  # fmt: skip
+            act = stored(jnp.square(jax.nn.relu(up)))
         # The seed's floor(K / 128) k-major scales cannot hold ceil(K / 128) columns when the
         # intermediate size is not a multiple of 128: that projection reads its bf16 input.
         regions = ffn_down_regions(plan, t, inter)
