@@ -8,53 +8,60 @@ compile-only device, or no `--compiled`), `estimate_step_temp` estimates them wi
 below, fitted to measured compiles. No jax here: `jaxarena budget` imports none.
 
 Measured (deviceless H200 compiles, jax 0.10.2, the step code of this commit: the paged
-flash-attention prefill kernel, the step rule of jaxarena/models/README.md; default limits but
-`max_batch_tokens` T; `python tools/fit_step_temp.py`, which prints these rows and the fit):
+flash-attention prefill kernel, the step rule of jaxarena/models/README.md, prefills longer
+than `DEFAULT_PREFILL_CHUNK` = 2048 tokens in chunks; default limits but `max_batch_tokens` T;
+`python tools/fit_step_temp.py`, which prints these rows and the fit):
 
-    preset          T     prefill temp    B per token   decode temp (batch 64)
-    qwen3-8b        2048    185,619,472      90,634     10,528,272
-    qwen3-8b        8192    807,457,296      98,567
-    llama3.1-8b     2048    218,112,016     106,500     11,837,968
-    llama3.1-8b     8192    872,423,440     106,497
-    qwen3-32b       2048    336,624,144     164,367      6,603,280
-    qwen3-32b       8192  1,344,345,616     164,105
-    nemotron-h-8b   2048    331,387,928     161,810      6,362,392
-    nemotron-h-8b   8192  1,392,552,992     169,989
-    mamba2-2.7b     2048    190,218,264      92,880      5,755,160
-    mamba2-2.7b     8192    855,657,760     104,450
+    preset          T     prefill temp    decode temp (batch 64)
+    qwen3-8b        2048    185,610,256     10,528,272
+    qwen3-8b        8192    119,571,624
+    llama3.1-8b     2048    218,640,400     11,837,968
+    llama3.1-8b     8192    152,060,232
+    qwen3-32b       2048    336,607,760      6,603,280
+    qwen3-32b       8192    252,729,416
+    nemotron-h-8b   2048    331,374,616     13,260,304
+    nemotron-h-8b   8192    441,695,600
+    mamba2-2.7b     2048    190,185,496      7,741,712
+    mamba2-2.7b     8192    269,131,848
+    deepseek-v3     2048    831,386,328     20,400,856   (block-FP8 weights, as released)
+    deepseek-v3     8192    820,622,160
 
-Prefill. No T^2 term any more: the attention runs in the paged prefill kernel, whose output
-is in the arena, so the temp is linear in T (the bytes per token above barely move from 2048
-to 8192 tokens). What lives at the peak is a layer's token-parallel values: the MLP's
-`[T, intermediate]` GEMM outputs (gate and up: two bf16 buffers, 4 B per unit) and a few
-`[T, hidden]` rows (the f32 residual stream, its pre-norm and the block output). A relative
-least-squares fit of the six dense compiles to `T x (a x intermediate + b x hidden)` gives
-a = 4.48, b = 9.84 (residuals -3.2% .. +5.3%); rounded to a = `PREFILL_BYTES_PER_INTERMEDIATE`
-= 4.0 and b = `PREFILL_BYTES_PER_HIDDEN` = 12.5 the formula is at or above every dense compile:
+Prefill. No T^2 term: the attention runs in the paged prefill kernel. And no growth past one
+chunk: a prefill of more than 2048 tokens runs as 2048-token passes through every layer
+(`ArenaLM.prefill_chunk`), so its temp is one chunk's (below the one-pass 2048-token temp,
+since a chunk keeps the residual stream materialised after each block), plus, for SSM layers,
+the masked copy of one layer's states of every sequence a chunk's scan starts from
+(`(max_batch_size + 1) x` a layer's f32 state per sequence: 170 MB for mamba2-2.7b, 272 MB
+for nemotron-h-8b at 65 rows). What lives at a chunk's peak is a layer's token-parallel
+values: the MLP's `[T, intermediate]` GEMM outputs (gate and up: two bf16 buffers, 4 B per
+unit) and a few `[T, hidden]` rows. The 2048-token rows fitted to `T x (a x intermediate + b
+x hidden)` gave a = 4.48, b = 9.84 (last fit; this commit's rows moved by under 0.3%); rounded
+to a = `PREFILL_BYTES_PER_INTERMEDIATE` = 4.0 and b = `PREFILL_BYTES_PER_HIDDEN` = 12.5 the
+formula is at or above every dense compile (qwen3-8b +10.7%, llama3.1-8b +1.7%, qwen3-32b
++1.2% at 2048 tokens; 1.35x-1.72x at 8192, where the chunks measure lower).
 
-    preset        T=2048    T=8192      (estimate / measured - 1)
-    qwen3-8b      +10.7%    +1.8%
-    llama3.1-8b    +1.9%    +1.9%
-    qwen3-32b      +1.2%    +1.4%
+Mamba-2 blocks hold more per token: per unit of the in_proj width, mamba2-2.7b (no
+attention, no MLP; 10,576) 8.78 B at 2048 tokens, nemotron-h-8b (Mamba, attention and MLP
+blocks; 18,560) 8.72 B. `MAMBA_BYTES_PER_WIDTH` = 10.0 covers both (+13.9%, +14.7%). MLA
+(DeepSeek-V3, absorbed prefill): 405,950 B per token, the absorbed query's float32 latent
+product and its bf16 rows, `heads x (kv_lora + rope)` = 73,728 units at 5.5 B;
+`MLA_BYTES_PER_LATENT` = 6.0 (+9.0%). So the estimate is the largest of the kinds:
 
-Mamba-2 blocks hold more per token, and a little more at 8192 tokens than at 2048 (the SSD
-scan's per-chunk values): per unit of the in_proj width, mamba2-2.7b (no attention, no MLP;
-10,576) 8.78 and 9.88 B, nemotron-h-8b (Mamba, attention and MLP blocks; 18,560) 8.72 and
-9.16 B, above its dense term (137,216 B per token): its peak is in a Mamba block, where the
-f32 in_proj output and the scan's inputs live. `MAMBA_BYTES_PER_WIDTH` = 10.0 covers all four
-(+13.9% and +1.3%, +14.7% and +9.2%). So the estimate is the larger of the two kinds:
+    prefill temp ~= min(T, 2048) x max(PREFILL_BYTES_PER_INTERMEDIATE x max(intermediate,
+                                          MoE width) + PREFILL_BYTES_PER_HIDDEN x hidden,
+                                       MAMBA_BYTES_PER_WIDTH x Mamba in_proj width,
+                                       MLA_BYTES_PER_LATENT x heads x (kv_lora + rope))
+                    + [T > 2048] x (max_batch_size + 1) x one SSM layer's state per sequence
 
-    prefill temp ~= T x max(PREFILL_BYTES_PER_INTERMEDIATE x max(intermediate, MoE width)
-                              + PREFILL_BYTES_PER_HIDDEN x hidden,
-                            MAMBA_BYTES_PER_WIDTH x Mamba in_proj width)
-
-Families measured only through these (MoE, MLA, gated delta net) take the same terms,
-unmeasured: their blocks run other kernels and may hold more.
+Families measured only through these (MoE, gated delta net) take the same terms, unmeasured:
+their blocks run other kernels and may hold more.
 
 Decode. The temp is at most the bf16 logits of the batch, `B x vocab x 2` bytes, plus a few
-small buffers (`DECODE_FIXED`): the logits are now the step's output, and what the compiles
-show (5.8 to 11.8 MB at batch 64) sits below that bound (qwen3-8b: 19.4 MB), which is kept as
-the estimate. It matters little: prefill dominates at any `max_batch_tokens` above ~100.
+small buffers (`DECODE_FIXED`, 4 MiB: the argmax and indices, FP8 activations, Mamba conv
+windows): the logits are the step's output; what the compiles show (6.6 to 20.4 MB at batch
+64) sits at or below that bound (deepseek-v3: 20.7 MB bound, 20.4 measured; qwen3-32b 23.6
+bound, 6.6 measured), which is kept as the estimate. It matters little: prefill dominates at
+any `max_batch_tokens` above ~100.
 
 The estimate is the larger of the two (both steps run in the same reserve), rounded up by
 `ESTIMATE_MARGIN` against what the fit leaves out. When the step code changes, re-run
@@ -97,8 +104,9 @@ MAMBA_BYTES_PER_WIDTH = 10.0
 # float32 latent product and its bf16 `[q_lat | q_rope]` rows (6 B per unit; DeepSeek-V3
 # widths measured 414 KB per token, this gives 442 KB). See the module docstring.
 MLA_BYTES_PER_LATENT = 6.0
-# Fixed decode temp beside the logits bound (small buffers: the argmax, indices).
-DECODE_FIXED = 256 << 10
+# Fixed decode temp beside the logits bound (the argmax, indices, FP8 activations and the
+# Mamba-2 conv windows: deepseek-v3 measures 3.9 MB above its logits, mamba2-2.7b 1.3 MB).
+DECODE_FIXED = 4 << 20
 ESTIMATE_MARGIN = 1.10
 
 
@@ -108,12 +116,27 @@ def _mlp_width(config: Any) -> int:
                int(getattr(config, "moe_intermediate_size", 0) or 0))  # fmt: skip
 
 
-def prefill_temp_estimate(config: Any, max_batch_tokens: int) -> int:
+def _state_row_bytes(config: Any) -> int:
+    """The float32 recurrent state one sequence holds in one SSM layer (the largest kind:
+    Mamba-2 `heads x head_dim x d_state`, Gated DeltaNet `v_heads x k_dim x v_dim`); 0
+    without SSM layers."""
+    mamba = (int(getattr(config, "mamba_num_heads", 0) or 0)
+             * int(getattr(config, "mamba_head_dim", 0) or 0)
+             * int(getattr(config, "ssm_state_size", 0) or 0))  # fmt: skip
+    gdn = (int(getattr(config, "linear_num_value_heads", 0) or 0)
+           * int(getattr(config, "linear_key_head_dim", 0) or 0)
+           * int(getattr(config, "linear_value_head_dim", 0) or 0))  # fmt: skip
+    return 4 * max(mamba, gdn)
+
+
+def prefill_temp_estimate(config: Any, max_batch_tokens: int,
+                          max_batch_size: int | None = None) -> int:  # fmt: skip
     """Estimated XLA temp bytes of the prefill step at `max_batch_tokens` tokens (per device:
     pass the sharded config): one chunk's, `min(max_batch_tokens, DEFAULT_PREFILL_CHUNK)`
-    tokens (the steps run longer prefills in chunks); see the module docstring for the
-    formula and its fit."""
-    max_batch_tokens = min(max_batch_tokens, DEFAULT_PREFILL_CHUNK)
+    tokens (the steps run longer prefills in chunks), plus, in chunks of a model with SSM
+    layers and given `max_batch_size`, one layer's states of every sequence (the masked copy
+    a chunk's scan starts from); see the module docstring for the formula and its fit."""
+    tokens = min(max_batch_tokens, DEFAULT_PREFILL_CHUNK)
     dense = (PREFILL_BYTES_PER_INTERMEDIATE * _mlp_width(config)
              + PREFILL_BYTES_PER_HIDDEN * config.hidden_size)  # fmt: skip
     mamba = MAMBA_BYTES_PER_WIDTH * int(getattr(config, "mamba2_in_proj_size", 0) or 0)
@@ -122,7 +145,10 @@ def prefill_temp_estimate(config: Any, max_batch_tokens: int) -> int:
     if lora:
         rope = int(getattr(config, "qk_rope_head_dim", 0) or 0)
         mla = MLA_BYTES_PER_LATENT * config.num_attention_heads * (lora + rope)
-    return int(max_batch_tokens * max(dense, mamba, mla))
+    temp = int(tokens * max(dense, mamba, mla))
+    if max_batch_tokens > DEFAULT_PREFILL_CHUNK and max_batch_size:
+        temp += (max_batch_size + 1) * _state_row_bytes(config)
+    return temp
 
 
 def decode_temp_estimate(config: Any, max_batch_size: int) -> int:
@@ -133,6 +159,6 @@ def decode_temp_estimate(config: Any, max_batch_size: int) -> int:
 
 def estimate_step_temp(config: Any, max_batch_tokens: int, max_batch_size: int) -> int:
     """`ESTIMATE_MARGIN` x the larger of the prefill and decode estimates (bytes)."""
-    worst = max(prefill_temp_estimate(config, max_batch_tokens),
+    worst = max(prefill_temp_estimate(config, max_batch_tokens, max_batch_size),
                 decode_temp_estimate(config, max_batch_size))  # fmt: skip
     return int(worst * ESTIMATE_MARGIN)

@@ -18,19 +18,23 @@ GIB = 1 << 30
 # Measured by `python tools/fit_step_temp.py` (`jaxarena.step_report`, deviceless H200, jax
 # 0.10.2, default limits but max_batch_tokens T, decode at batch 64): (preset, T, prefill temp,
 # decode temp). These are the compiles the estimate was fitted to (see
-# jaxarena/_sizing/step_temp.py); the decode step was compiled once per preset.
+# jaxarena/_sizing/step_temp.py); the decode step was compiled once per preset. At 8192
+# tokens the prefill runs in chunks of DEFAULT_PREFILL_CHUNK = 2048 tokens.
 MEASURED = [
-    ("qwen3-8b", 2048, 185_619_472, 10_528_272),
-    ("qwen3-8b", 8192, 807_457_296, 10_528_272),
-    ("llama3.1-8b", 2048, 218_112_016, 11_837_968),
-    ("llama3.1-8b", 8192, 872_423_440, 11_837_968),
-    ("qwen3-32b", 2048, 336_624_144, 6_603_280),
-    ("qwen3-32b", 8192, 1_344_345_616, 6_603_280),
-    ("nemotron-h-8b", 2048, 331_387_928, 6_362_392),
-    ("nemotron-h-8b", 8192, 1_392_552_992, 6_362_392),
-    ("mamba2-2.7b", 2048, 190_218_264, 5_755_160),
-    ("mamba2-2.7b", 8192, 855_657_760, 5_755_160),
+    ("qwen3-8b", 2048, 185_610_256, 10_528_272),
+    ("qwen3-8b", 8192, 119_571_624, 10_528_272),
+    ("llama3.1-8b", 2048, 218_640_400, 11_837_968),
+    ("llama3.1-8b", 8192, 152_060_232, 11_837_968),
+    ("qwen3-32b", 2048, 336_607_760, 6_603_280),
+    ("qwen3-32b", 8192, 252_729_416, 6_603_280),
+    ("nemotron-h-8b", 2048, 331_374_616, 13_260_304),
+    ("nemotron-h-8b", 8192, 441_695_600, 13_260_304),
+    ("mamba2-2.7b", 2048, 190_185_496, 7_741_712),
+    ("mamba2-2.7b", 8192, 269_131_848, 7_741_712),
+    ("deepseek-v3", 2048, 831_386_328, 20_400_856),
+    ("deepseek-v3", 8192, 820_622_160, 20_400_856),
 ]
+ONE_CHUNK = {name: temp for name, t, temp, _ in MEASURED if t == T.DEFAULT_PREFILL_CHUNK}
 
 
 def _budget(name: str = "qwen3-8b", **kw) -> MemoryBudget:
@@ -43,16 +47,27 @@ def test_estimate_covers_the_measured_compiles(name, tokens, prefill, decode):
     cfg = ModelConfig.preset(name)
     est = T.estimate_step_temp(cfg, tokens, 64)
     measured = max(prefill, decode)
-    # At or above what the compile needs, and not far above: within the margin plus 15%.
-    assert measured <= est <= measured * T.ESTIMATE_MARGIN * 1.15
-    # The prefill formula alone, before the margin: rounded up from the fit, at most 15% high
-    # (the worst rows: nemotron-h-8b at 2048 tokens +14.7%, mamba2-2.7b +13.9%, whose Mamba
-    # term is set by 8192 tokens; the dense ones at most +10.7%, qwen3-8b at 2048).
-    assert prefill <= T.prefill_temp_estimate(cfg, tokens) <= prefill * 1.15
-    # Decode: a bound (the batch's bf16 logits), not a fit; the compiles sit 1.4x to 3x
-    # below it (qwen3-32b: 19.7 MB bound, 6.6 MB measured), and it never decides the estimate
-    # at these token counts.
-    assert decode <= T.decode_temp_estimate(cfg, 64) <= decode * 3.1
+    pre = T.prefill_temp_estimate(cfg, tokens, 64)
+    # At or above what the compile needs.
+    assert measured <= est and prefill <= pre
+    if tokens <= T.DEFAULT_PREFILL_CHUNK:
+        # One pass: the fit, rounded up, at most 15% high (the worst rows: qwen3-8b +10.7%,
+        # nemotron-h-8b +14.7%, mamba2-2.7b +13.9%, whose Mamba term nemotron-h sets).
+        assert pre <= prefill * 1.15
+    else:
+        # In chunks: the temp of one chunk's pass plus one layer's states of every sequence
+        # (the masked copy a chunk's SSM scan starts from; 0 for attention-only models), which
+        # is what the estimate adds. The chunked passes measure below that (they keep the
+        # residual stream materialised per block, the one-pass does not), so the estimate is
+        # up to 1.72x high (qwen3-8b; llama 1.46x, mamba2 1.44x, nemotron-h 1.48x).
+        states = 65 * T._state_row_bytes(cfg)
+        assert prefill <= ONE_CHUNK[name] + states
+        assert pre == T.prefill_temp_estimate(cfg, T.DEFAULT_PREFILL_CHUNK) + states
+        assert pre <= prefill * 1.75
+    # Decode: a bound (the batch's bf16 logits + DECODE_FIXED), not a fit; the compiles sit
+    # 1.0x to 3.6x below it (qwen3-32b: 23.6 MB bound, 6.6 MB measured; deepseek-v3 20.7 vs
+    # 20.4 MB), and it never decides the estimate at these token counts.
+    assert decode <= T.decode_temp_estimate(cfg, 64) <= decode * 3.6
     assert T.decode_temp_estimate(cfg, 64) < T.prefill_temp_estimate(cfg, tokens)
 
 
