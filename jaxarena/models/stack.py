@@ -198,8 +198,9 @@ class ArenaLM:
     # -- the shared loop -------------------------------------------------------------------------
 
     def _blocks(self, mode: str, params, arena, caches, tokens, ctx: StepContext):
-        """Embeds `tokens` into `hidden_states` and runs every block (`mode`: `"prefill"` or
-        `"decode"`) with its pre-norm and residual add; returns `(arena, caches)`."""
+        """Embeds `tokens` into `hidden_states` and runs every block (`mode`: `"prefill"`,
+        `"prefill_chunk"`, a prefill pass that is one chunk of a longer prefill, or
+        `"decode"`) with its pre-norm and residual add; returns `(arena, caches, h)`."""
         # The residual stream is an XLA value rounded as its region would store it (bf16):
         # no kernel reads it in place, and XLA fuses the norms and adds (README: "what goes
         # through the arena").

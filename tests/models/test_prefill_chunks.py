@@ -11,6 +11,8 @@ compared where the one pass's top-2 gap exceeds `4 * atol` and the earlier token
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from lm_runs import CHECKPOINTS, FAST_CPU_COMPILE, LIMITS, NEW_TOKENS
@@ -48,7 +50,5 @@ def test_prefill_in_token_chunks_matches_one_pass(runs, name):
 
 @pytest.mark.parametrize("bad", [0, -3, 2.5, True, "all"])
 def test_a_bad_prefill_chunk_is_refused(runs, bad):
-    import dataclasses
-
     with pytest.raises(ValueError, match="prefill_chunk"):
         dataclasses.replace(runs.lm("llama").model, prefill_chunk=bad)
