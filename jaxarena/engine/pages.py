@@ -140,6 +140,8 @@ class BlockManager:
         Holding enough already is True and a no-op.
         """
         held = self._held.get(request_id)
+        if held is not None and not prefix_pages and len(held) * self.page_size >= num_tokens:
+            return True  # the common decode step: the last page still has room
         if prefix_pages:
             if held:
                 raise ValueError(f"allocate({request_id!r}): prefix_pages are for the request's "

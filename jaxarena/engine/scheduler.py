@@ -58,8 +58,6 @@ class Request:
       prompt_ids: the prompt's token ids.
       params: how it samples and when it stops (`max_tokens`, `stop_token_ids`, `ignore_eos`).
       eos_ids: the model's EOS ids (they end the request unless `params.ignore_eos`).
-      extra_key: mixed into the prefix-cache hashes (e.g. an adapter name: the same tokens
-        under another adapter are another KV); None for the base model.
       output_ids: tokens generated so far (kept across preemption).
       num_computed: leading tokens of `all_ids` whose KV is in the request's pages.
       slot: its row in the batch (0..max_batch_size-1) while RUNNING, else None.
@@ -67,13 +65,14 @@ class Request:
       finish_reason: "stop", "length" or "abort" once FINISHED.
       num_preemptions: times it was preempted (its computed tokens recomputed).
       arrival: its index in the order requests were added (set by `Scheduler.add`).
+      extra_key: mixed into the prefix-cache hashes (e.g. an adapter name: the same tokens
+        under another adapter are another KV); None for the base model.
     """
 
     request_id: str
     prompt_ids: list[int]
     params: SamplingParams
     eos_ids: frozenset[int] = frozenset()
-    extra_key: str | None = None
     output_ids: list[int] = dataclasses.field(default_factory=list)
     num_computed: int = 0
     slot: int | None = None
@@ -81,6 +80,7 @@ class Request:
     finish_reason: str | None = None
     num_preemptions: int = 0
     arrival: int = -1
+    extra_key: str | None = None
 
     @property
     def all_ids(self) -> list[int]:

@@ -156,6 +156,22 @@ def test_the_victim_may_be_the_request_that_needs_the_page():
     assert s.num_running == 1 and s.pages.num_in_use == 2
 
 
+def test_a_preempted_request_resumes_from_its_cached_pages():
+    s = _sched(num_pages=5, page_size=2, max_batch_size=2, max_batch_tokens=8,
+               prefix_caching=True)  # fmt: skip
+    s.add(_req("a", [1, 2, 3], max_tokens=4))  # 3 pages at most
+    s.add(_req("b", [4, 5, 6, 7, 8], max_tokens=4))  # 4 pages at most
+    _step(s)  # 2 + 3 pages: the pool is full
+    _step(s)  # a decodes into its second page, b into its third: b's 3 pages full, hashed
+    plan, _ = _step(s)  # a needs a third page: b is preempted, a evicts b's (cached) tail page
+    assert [r.request_id for r in plan.preempted] == ["b"] and s.pages.num_cached == 2
+    _step(s)  # a's last token
+    assert not s.running
+    plan = s.schedule()  # b: 7 tokens; its first two pages still cached
+    assert _items(plan) == [("b", 0, 4, 3)] and s.prefix_hit_tokens == 4
+    s.pages.check()
+
+
 # ----------------------------------------------------------------------------- stops
 @pytest.mark.parametrize("kw, max_seq_len, want, reason", [
     (dict(max_tokens=3), 64, [5, 6, 7], "length"),
@@ -224,6 +240,15 @@ def test_prefix_hit_starts_past_the_cached_pages(on):
     assert plan.items[0].request.num_computed == plan.items[0].start
     assert (s.prefix_query_tokens, s.prefix_hit_tokens) == ((9 + 11, 8) if on else (0, 0))
     s.pages.check()
+
+
+def test_prefix_hits_need_the_same_extra_key():
+    s = _sched(page_size=4, prefix_caching=True)
+    s.add(Request("a", list(range(9)), SamplingParams(max_tokens=1), extra_key="lora-a"))
+    _step(s)
+    s.add(Request("b", list(range(9)), SamplingParams(max_tokens=1), extra_key="lora-b"))
+    s.add(Request("c", list(range(9)), SamplingParams(max_tokens=1), extra_key="lora-a"))
+    assert _items(s.schedule()) == [("b", 0, 0, 9), ("c", 1, 8, 1)]
 
 
 # ----------------------------------------------------------------------------- workload
