@@ -103,6 +103,8 @@ class CausalLM:
         `"prefill_chunk"` (chunked prefill), `"decode"`); near zero when an equal model in the process compiled it already.
       decode_counter: counts the traces of the decode step (`jaxarena.testing`).
       last_stats: figures of the last `generate` call (tokens, seconds).
+      serving_pool: the caches are a serving engine's page pool (`load_pretrained(...,
+        kv_pages=...)`): `generate` and `prefill_logits` refuse to run.
       compiler_options: XLA options for every step's compile (`Lowered.compile`), e.g.
         `{"xla_backend_optimization_level": 0}` for quicker CPU compiles of small test
         models; None: XLA's defaults.
@@ -120,6 +122,7 @@ class CausalLM:
     compile_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
     last_stats: dict[str, Any] = dataclasses.field(default_factory=dict)
     compiler_options: dict[str, Any] | None = None
+    serving_pool: bool = False
 
     def __post_init__(self) -> None:
         # Counts the traces of the decode step (shared with every CausalLM of an equal model).
@@ -197,6 +200,9 @@ class CausalLM:
         return out[2:]
 
     def _check_ids(self, ids: Any, what: str) -> np.ndarray:
+        if self.serving_pool:
+            raise RuntimeError("this model was loaded with kv_pages= for a serving engine, "
+                               "which owns its pages: use jaxarena.engine.Engine to run it")  # fmt: skip
         a = np.asarray(ids)
         if a.ndim != 1 or a.size == 0 or not np.issubdtype(a.dtype, np.integer):
             raise RequestError(f"{what} must be a non-empty list of token ids, got {ids!r}")
@@ -375,6 +381,7 @@ def load_pretrained(
     scan_layers: bool = False,
     prefill_chunk: int | str | None = "auto",
     compiler_options: dict[str, Any] | None = None,
+    kv_pages: int | None = None,
 ) -> CausalLM:
     """Loads a local HuggingFace checkpoint directory onto the default device with its arena.
 
@@ -396,6 +403,10 @@ def load_pretrained(
         layer, its XLA temp that of one chunk (`ArenaLM.prefill_chunk`); `"auto"`:
         `DEFAULT_PREFILL_CHUNK` tokens; None: one pass.
       compiler_options: XLA options for the steps' compiles (`CausalLM.compiler_options`).
+      kv_pages: None: KV pages for `max_batch_size + 1` sequences of `max_seq_len` tokens,
+        which `generate` uses. An int: a pool of that many pages plus the null page 0, for
+        the serving engine (`jaxarena.engine`), which owns the pages and hands every step
+        its block tables; `prefill_logits` and `generate` then refuse to run.
 
     Returns:
       A `CausalLM` whose weights, arena and caches are on the device.
@@ -436,10 +447,18 @@ def load_pretrained(
     params = jax.device_put(host)  # the one host -> device copy of the weights
     rows = max_batch_size + 1  # + the padding sequence of a fixed-shape prefill
     per_seq = -(-max(max_seq_len, max_batch_tokens) // kv_block_size)
-    caches = model.init_caches(num_blocks=rows * per_seq, rows=rows)
-    # Shuffled pages, so the paged reads are exercised as a serving engine would use them.
-    perm = np.random.default_rng(0).permutation(rows * per_seq).astype(np.int32)
-    tables = jnp.asarray(perm.reshape(rows, per_seq))
+    if kv_pages is None:
+        caches = model.init_caches(num_blocks=rows * per_seq, rows=rows)
+        # Shuffled pages, so the paged reads are exercised as a serving engine would use them.
+        perm = np.random.default_rng(0).permutation(rows * per_seq).astype(np.int32)
+        tables = jnp.asarray(perm.reshape(rows, per_seq))
+    else:
+        if isinstance(kv_pages, bool) or not isinstance(kv_pages, int) or kv_pages < 1:
+            raise ValueError(f"kv_pages={kv_pages!r} must be an int >= 1 or None")
+        # The serving engine's pool: page 0 is the null page; the engine hands each step its
+        # own block tables, so these point every row at the null page.
+        caches = model.init_caches(num_blocks=kv_pages + 1, rows=rows)
+        tables = jnp.zeros((rows, per_seq), jnp.int32)
     if packed:
         plan = _packed_plan(model, sizes, params, caches, tables)
         model = dataclasses.replace(model, plan=plan)
@@ -447,7 +466,8 @@ def load_pretrained(
     return CausalLM(model=model, params=params, path=str(root), model_type=model_type,
                     fp8=reader.fp8 is not None, arena=arena, caches=caches, block_tables=tables,
                     arena_pointer=arena.unsafe_buffer_pointer(),
-                    compiler_options=compiler_options)  # fmt: skip
+                    compiler_options=compiler_options,
+                    serving_pool=kv_pages is not None)  # fmt: skip
 
 
 def _packed_plan(model: ArenaLM, sizes: BufferSizes, params, caches, tables) -> ArenaPlan:
