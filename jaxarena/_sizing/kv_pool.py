@@ -18,7 +18,8 @@ models allocate (`Block.init_cache`), which the tests check against the abstract
   `v_heads * k_dim * v_dim`. (The models keep conv windows in float32: `MemoryBudget`'s
   `state_bytes_per_sequence` counts them in bf16, as the reference runtime stores them.)
 
-`pages = (free_bytes - slots * slot_bytes) // page_bytes - 1`, with `free_bytes` the budget's
+`pages = (free_bytes - slots * slot_bytes) // page_bytes - 1` (a model without paged layers
+gets `max_batch_size` full-length sequences' pages, which cost nothing), with `free_bytes` the budget's
 (`memory - weights - arena - reserve`, the reserve being 1 GiB plus the compiled or estimated
 XLA temp). Imports no jax.
 """
@@ -151,7 +152,13 @@ def kv_pool(budget: Any, *, kv_pages: int | None = None) -> KVPool:
         return KVPool(pages=kv_pages, source="given", **common)
     free = budget.free_bytes
     room = free - slots * per_slot
-    pages = room // per_page - 1 if per_page else (1 if room >= 0 else 0)
+    if per_page == 0:
+        # No paged layer (Mamba-2 alone): pages cost nothing, so every slot gets its full
+        # length's worth; only the states must fit.
+        pages = budget.max_batch_size * -(-budget.max_seq_len // budget.kv_block_size)
+        pages = pages if room >= 0 else 0
+    else:
+        pages = room // per_page - 1
     if pages < 1:
         raise ValueError(
             f"no KV pages fit: {format_bytes(budget.memory_bytes)} of memory minus weights "
