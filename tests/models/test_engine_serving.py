@@ -23,6 +23,8 @@ become vacuous.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from lm_runs import CHECKPOINTS, FAST_CPU_COMPILE, LIMITS
@@ -148,6 +150,15 @@ def test_bad_requests_are_refused_alone(runs):
         with pytest.raises(RequestError) as e:
             SamplingParams(**kw)
         assert e.value.param == field
+    # A request that needs more pages than the whole pool (an engine on the same compiled
+    # runner with a one-page pool: 20 prompt tokens + 4 kept new ones need 2 pages of 16).
+    small = Engine(engine.runner, dataclasses.replace(engine.pool, pages=1),
+                   eos_token_ids=frozenset(), prefix_caching=False, model_type="qwen3",
+                   path="")  # fmt: skip
+    with pytest.raises(RequestError, match="more than the whole pool") as e:
+        small.add_request([1] * 20, SamplingParams(max_tokens=5))
+    assert e.value.param == "max_tokens"
+    assert small.add_request([1] * 12, SamplingParams(max_tokens=5))  # 16 tokens kept: 1 page
     ids.append(engine.add_request(good[1], params))
     out = {i: [] for i in ids}
     while engine.has_unfinished():
