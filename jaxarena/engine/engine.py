@@ -157,6 +157,7 @@ class Engine:
         memory: int | str | None = None,
         memory_utilization: float = 0.9,
         kv_pages: int | None = None,
+        kv_dtype: str = "bf16",
         target: Target | str | None = None,
         prefix_caching: bool | None = None,
         token_buckets: Sequence[int] | None = None,
@@ -175,6 +176,8 @@ class Engine:
             its limit times `memory_utilization`.
           kv_pages: an explicit page count (overrides `memory`). Without either on a machine
             without a GPU: pages for `max_batch_size` sequences of `max_seq_len` tokens.
+          kv_dtype: the KV pages, "bf16" or "fp8" (e4m3 with per-layer scales: twice the
+            tokens in the same memory; `load_pretrained`).
           target: the arena's target (a `Target` or a preset name); None: the device's.
           prefix_caching: None: on where every cache is paged (attention, MLA), off for the
             Mamba-2 / Gated DeltaNet hybrids; True for a hybrid raises ValueError.
@@ -210,14 +213,15 @@ class Engine:
         pool = cls._size_pool(cfg, raw, max_batch_size=max_batch_size, max_seq_len=max_seq_len,
                               max_batch_tokens=max_batch_tokens, kv_block_size=kv_block_size,
                               memory=memory, memory_utilization=memory_utilization,
-                              kv_pages=kv_pages, target=target, log=log)  # fmt: skip
+                              kv_pages=kv_pages, kv_dtype=kv_dtype, target=target,
+                              log=log)  # fmt: skip
         log("sizing the page pool:\n  " + pool.table().replace("\n", "\n  "))
         log(f"loading {root}")
         t0 = time.perf_counter()
         lm = load_pretrained(root, max_batch_tokens=max_batch_tokens, max_seq_len=max_seq_len,
                              kv_block_size=kv_block_size, max_batch_size=max_batch_size,
                              target=target, compiler_options=compiler_options,
-                             kv_pages=pool.pages, **load_options)  # fmt: skip
+                             kv_pages=pool.pages, kv_dtype=kv_dtype, **load_options)  # fmt: skip
         allocated = lm.cache_bytes
         if allocated != pool.total_bytes:
             raise RuntimeError(f"the caches hold {allocated:,} bytes where the pool's arithmetic "
@@ -240,7 +244,7 @@ class Engine:
 
     @staticmethod
     def _size_pool(cfg, raw, *, max_batch_size, max_seq_len, max_batch_tokens, kv_block_size,
-                   memory, memory_utilization, kv_pages, target, log) -> KVPool:  # fmt: skip
+                   memory, memory_utilization, kv_pages, kv_dtype, target, log) -> KVPool:  # fmt: skip
         if memory is None and kv_pages is None:
             memory = _device_memory(memory_utilization)
             if memory is None:
@@ -248,7 +252,7 @@ class Engine:
                 log(f"no GPU and no --memory / --kv-pages: {kv_pages} pages, "
                     f"{max_batch_size} sequences of {max_seq_len} tokens")  # fmt: skip
         if memory is None:  # an explicit page count: no budget needed
-            per_page = page_bytes(cfg, kv_block_size)
+            per_page = page_bytes(cfg, kv_block_size, kv_dtype)
             return KVPool(kv_block_size=kv_block_size, page_bytes=per_page,
                           slot_bytes=slot_bytes(cfg), slots=max_batch_size + 1, pages=kv_pages,
                           source="given")  # fmt: skip
@@ -257,7 +261,7 @@ class Engine:
         budget = MemoryBudget(config=cfg, memory_bytes=memory, max_batch_tokens=max_batch_tokens,
                               max_seq_len=max_seq_len, kv_block_size=kv_block_size,
                               max_batch_size=max_batch_size, weights=weights,
-                              target=target)  # fmt: skip
+                              kv_dtype=kv_dtype, target=target)  # fmt: skip
         return budget.kv_pool(kv_pages)
 
     def warm_up(self) -> None:

@@ -42,6 +42,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxarena import ArenaPlan, BufferSizes, Levers, ModelConfig, Target, record_lifetimes
+from jaxarena.models.blocks.attention import KV_DTYPES, Attention
+from jaxarena.models.blocks.mla import MLA
 from jaxarena.models.checkpoint import CheckpointError, Reader, fp8_spec, open_checkpoint
 from jaxarena.models.families.registry import SUPPORTED_FAMILIES, family_for
 from jaxarena.models.stack import ArenaLM
@@ -382,6 +384,7 @@ def load_pretrained(
     prefill_chunk: int | str | None = "auto",
     compiler_options: dict[str, Any] | None = None,
     kv_pages: int | None = None,
+    kv_dtype: str = "bf16",
 ) -> CausalLM:
     """Loads a local HuggingFace checkpoint directory onto the default device with its arena.
 
@@ -407,6 +410,11 @@ def load_pretrained(
         which `generate` uses. An int: a pool of that many pages plus the null page 0, for
         the serving engine (`jaxarena.engine`), which owns the pages and hands every step
         its block tables; `prefill_logits` and `generate` then refuse to run.
+      kv_dtype: the attention layers' paged KV cache, `"bf16"` or `"fp8"` (`float8_e4m3fn`
+        pages with per-layer K and V scales from the checkpoint, 1.0 where it has none, as
+        vLLM's `kv_cache_dtype="fp8"`; `jaxarena.models.blocks.attention`): half the cache
+        bytes per token, what `jaxarena budget --kv-dtype fp8` counts. MLA's latent cache and
+        the recurrent states are not affected by it.
 
     Returns:
       A `CausalLM` whose weights, arena and caches are on the device.
@@ -416,15 +424,19 @@ def load_pretrained(
         a shape the config does not imply; an unexpected dtype. The message names the tensor
         and file.
       ConfigError: an invalid `config.json` (from `ModelConfig.from_hf`) or serve limits.
-      NotImplementedError: a family or feature this implementation does not run.
+      ValueError: a `kv_dtype` other than "bf16" and "fp8".
+      NotImplementedError: a family or feature this implementation does not run (an FP8
+        KV cache for a model with MLA blocks).
     """
+    if kv_dtype not in KV_DTYPES:
+        raise ValueError(f"kv_dtype={kv_dtype!r} must be one of {sorted(KV_DTYPES)}")
     ckpt = open_checkpoint(path)
     root = ckpt.path
     raw = ckpt.config
     model_type = raw.get("model_type")
     family = family_for(model_type, root)
     cfg = ModelConfig.from_hf(root / "config.json")
-    arch = family.arch(model_type, raw, cfg, root, max_seq_len)
+    arch = _with_kv_dtype(family.arch(model_type, raw, cfg, root, max_seq_len), kv_dtype, root)
     reader = Reader(ckpt, fp8_spec(raw, root))
     host = family.read_params(reader, cfg, arch)
     extra = reader.unused()
@@ -468,6 +480,27 @@ def load_pretrained(
                     arena_pointer=arena.unsafe_buffer_pointer(),
                     compiler_options=compiler_options,
                     serving_pool=kv_pages is not None)  # fmt: skip
+
+
+def _with_kv_dtype(arch: Any, kv_dtype: str, root: Path) -> Any:
+    """`arch` with every attention block's paged cache in `kv_dtype`.
+
+    Raises:
+      NotImplementedError: `kv_dtype="fp8"` and MLA blocks (their latent cache: the absorbed
+        prefill and decode read bf16 latents only).
+    """
+    if kv_dtype == "bf16":
+        return arch
+    other = sorted({b.kind for b in arch.blocks if isinstance(b, MLA)})
+    if other:
+        raise NotImplementedError(
+            f"{root}: kv_dtype={kv_dtype!r} is implemented for GQA attention caches only; this "
+            f"model's {other} blocks (MLA's latent cache) keep a bf16 cache: load it with "
+            "kv_dtype='bf16'"
+        )
+    blocks = tuple(dataclasses.replace(b, kv_dtype=kv_dtype) if isinstance(b, Attention) else b
+                   for b in arch.blocks)  # fmt: skip
+    return dataclasses.replace(arch, blocks=blocks)
 
 
 def _packed_plan(model: ArenaLM, sizes: BufferSizes, params, caches, tables) -> ArenaPlan:
