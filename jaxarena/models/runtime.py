@@ -46,6 +46,7 @@ from jaxarena.models.blocks.attention import KV_DTYPES, Attention
 from jaxarena.models.blocks.mla import MLA
 from jaxarena.models.checkpoint import CheckpointError, Reader, fp8_spec, open_checkpoint
 from jaxarena.models.families.registry import SUPPORTED_FAMILIES, family_for
+from jaxarena.models.lora import LoraLayout, lora_layout, lora_tables, read_adapter, set_slot
 from jaxarena.models.stack import ArenaLM
 from jaxarena.testing import count_traces
 
@@ -125,6 +126,7 @@ class CausalLM:
     last_stats: dict[str, Any] = dataclasses.field(default_factory=dict)
     compiler_options: dict[str, Any] | None = None
     serving_pool: bool = False
+    lora: LoraLayout | None = None
 
     def __post_init__(self) -> None:
         # Counts the traces of the decode step (shared with every CausalLM of an equal model).
@@ -201,6 +203,37 @@ class CausalLM:
         self.arena, self.caches = out[0], out[1]
         return out[2:]
 
+    def load_lora(self, slot: int, path: str | Path | None) -> None:
+        """Loads the PEFT adapter at `path` into LoRA slot `slot` (None: empties it), in
+        place and without recompiling any step (`jaxarena.models.lora`).
+
+        Raises:
+          RuntimeError: the model was loaded without `max_lora_rank`.
+          LoraError: the adapter does not fit the model (named file, tensor and rule).
+          ValueError: `slot` outside `[0, max_loras)`.
+        """
+        if self.lora is None:
+            raise RuntimeError("this model has no LoRA slots: load_pretrained(..., "
+                               "max_lora_rank=R, max_loras=N)")  # fmt: skip
+        adapter = None if path is None else read_adapter(path, self.lora)
+        self.params = set_slot(self.params, self.lora, slot, adapter)
+
+    def _lora_args(self, slots: Sequence[int] | None, b: int, rows: int) -> tuple[Any, ...]:
+        """The steps' `lora_slots` argument: each of the `b` sequences' slot (None: all -1)
+        padded with -1 to `rows`; no argument for a model without LoRA slots."""
+        if self.lora is None:
+            if slots is not None:
+                raise RequestError("lora_slots given, but the model has no LoRA slots")
+            return ()
+        s = np.full(rows, -1, np.int32)
+        if slots is not None:
+            a = np.asarray(slots)
+            if a.shape != (b,) or ((a < -1) | (a >= self.lora.max_loras)).any():
+                raise RequestError(f"lora_slots={list(slots)!r} must give each of the {b} "
+                                   f"prompts a slot in [-1, {self.lora.max_loras})")  # fmt: skip
+            s[:b] = a
+        return (jnp.asarray(s),)
+
     def _check_ids(self, ids: Any, what: str) -> np.ndarray:
         if self.serving_pool:
             raise RuntimeError("this model was loaded with kv_pages= for a serving engine, "
@@ -230,7 +263,7 @@ class CausalLM:
         cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
         return jnp.asarray(np.concatenate(prompts)), jnp.asarray(cu)
 
-    def _chunked_prefill(self, ids: list[np.ndarray]) -> jax.Array:
+    def _chunked_prefill(self, ids: list[np.ndarray], lora: Any = None) -> jax.Array:
         """Prefills prompts that together exceed `max_batch_tokens` in chunks (the caller
         checked that the model runs chunks): each chunk takes the next tokens of the
         sequences in order, up to the token budget of one padded prefill, and attends to the
@@ -253,14 +286,15 @@ class CausalLM:
             cached = np.zeros(s_all, np.int32)
             cached[:b] = done
             (logits,) = self._run("prefill_chunk", m.prefill, tokens, cu,
-                                  self.block_tables[:s_all], jnp.asarray(cached))  # fmt: skip
+                                  self.block_tables[:s_all], jnp.asarray(cached),
+                                  *self._lora_args(lora, b, s_all))  # fmt: skip
             for s, piece in enumerate(pieces):
                 done[s] += len(piece)
                 if len(piece) and done[s] == len(ids[s]):
                     last[s] = logits[s]
         return jnp.stack(last)
 
-    def prefill_logits(self, token_ids: Sequence[int]) -> np.ndarray:
+    def prefill_logits(self, token_ids: Sequence[int], *, lora_slot: int = -1) -> np.ndarray:
         """The logits of every position of one sequence: `float32 [T, vocab]`.
 
         `T <= max_batch_tokens`. The values are those the arena's `logits` region holds
@@ -276,11 +310,14 @@ class CausalLM:
                                f"{self.model.max_batch_tokens}")  # fmt: skip
         tokens, cu = self._packed([ids])
         fn = functools.partial(self.model.prefill, all_logits=True)
-        (logits,) = self._run("prefill_all", fn, tokens, cu, self.block_tables[: cu.shape[0] - 1])
+        s_all = cu.shape[0] - 1
+        lora = self._lora_args(None if lora_slot == -1 else [lora_slot], 1, s_all)
+        lora = (None, *lora) if lora else ()
+        (logits,) = self._run("prefill_all", fn, tokens, cu, self.block_tables[:s_all], *lora)
         return np.asarray(logits[: ids.size], np.float32)
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
-                 return_logits: bool = False) -> Any:  # fmt: skip
+                 return_logits: bool = False, lora_slots: Sequence[int] | None = None) -> Any:  # fmt: skip
         """Greedy continuations of a batch of prompts.
 
         Prefill runs the prompts packed into one pass, or, when they hold more than
@@ -294,6 +331,8 @@ class CausalLM:
             `max_batch_tokens` only for a model without Mamba blocks).
           max_new_tokens: >= 1; each `len(prompt) + max_new_tokens <= max_seq_len`.
           return_logits: also return the logits that chose each token.
+          lora_slots: each prompt's LoRA adapter slot (`load_lora`; -1: the base model), for
+            a model loaded with `max_lora_rank`; None: no adapter.
 
         Returns:
           `list[list[int]]`, `max_new_tokens` new tokens per prompt; with `return_logits`,
@@ -329,12 +368,15 @@ class CausalLM:
         b, rows = len(ids), m.max_batch_size
         compiled = sum(self.compile_seconds.values())
         t0 = time.perf_counter()
+        self._lora_args(lora_slots, b, rows)  # checks them before any step runs
         if chunked:
-            logits = self._chunked_prefill(ids)
+            logits = self._chunked_prefill(ids, lora_slots)
         else:
             tokens, cu = self._packed(ids)
+            lora = self._lora_args(lora_slots, b, cu.shape[0] - 1)
+            lora = (None, *lora) if lora else ()
             (logits,) = self._run(
-                "prefill", m.prefill, tokens, cu, self.block_tables[: cu.shape[0] - 1]
+                "prefill", m.prefill, tokens, cu, self.block_tables[: cu.shape[0] - 1], *lora
             )
         first = jnp.argmax(logits[:b], -1).astype(jnp.int32)
         jax.block_until_ready(first)
@@ -348,11 +390,12 @@ class CausalLM:
         nxt = jnp.zeros((rows,), jnp.int32).at[:b].set(first)
         positions, step_active = jnp.asarray(pos), jnp.asarray(active)
         tables = self.block_tables[:rows]
+        lora = self._lora_args(lora_slots, b, rows)
         out_tokens, out_logits = [first], [logits[:b]]
         t0 = time.perf_counter()
         for _ in range(max_new_tokens - 1):
             step_logits, nxt = self._run("decode", self.model.decode_step, nxt, positions,
-                                         tables, positions + 1)  # fmt: skip
+                                         tables, positions + 1, *lora)  # fmt: skip
             positions = positions + step_active
             out_tokens.append(nxt[:b])
             if return_logits:
@@ -385,6 +428,8 @@ def load_pretrained(
     compiler_options: dict[str, Any] | None = None,
     kv_pages: int | None = None,
     kv_dtype: str = "bf16",
+    max_lora_rank: int = 0,
+    max_loras: int = 0,
 ) -> CausalLM:
     """Loads a local HuggingFace checkpoint directory onto the default device with its arena.
 
@@ -415,6 +460,9 @@ def load_pretrained(
         vLLM's `kv_cache_dtype="fp8"`; `jaxarena.models.blocks.attention`): half the cache
         bytes per token, what `jaxarena budget --kv-dtype fp8` counts. MLA's latent cache and
         the recurrent states are not affected by it.
+      max_lora_rank, max_loras: > 0: LoRA adapter slots (`CausalLM.load_lora`,
+        `jaxarena.models.lora`); the arena then holds the seed's `lora_*` buffers (sized
+        for `adapter_max_rank = max_lora_rank`). 0: none (the plan is unchanged).
 
     Returns:
       A `CausalLM` whose weights, arena and caches are on the device.
@@ -436,6 +484,8 @@ def load_pretrained(
     model_type = raw.get("model_type")
     family = family_for(model_type, root)
     cfg = ModelConfig.from_hf(root / "config.json")
+    if max_lora_rank or max_loras:
+        cfg = dataclasses.replace(cfg, adapter_max_rank=max_lora_rank)
     arch = _with_kv_dtype(family.arch(model_type, raw, cfg, root, max_seq_len), kv_dtype, root)
     reader = Reader(ckpt, fp8_spec(raw, root))
     host = family.read_params(reader, cfg, arch)
@@ -444,6 +494,14 @@ def load_pretrained(
         raise CheckpointError(f"{root}: {len(extra)} tensor(s) the {model_type} layout does not "
                               f"use: {extra[:8]}{' ...' if len(extra) > 8 else ''} (does "
                               "config.json match the weights?)")  # fmt: skip
+    layout = None
+    if max_lora_rank or max_loras:
+        if scan_layers:
+            raise NotImplementedError("LoRA slots with scan_layers=True are not implemented")
+        prefixes = [prefix for prefix, _ in family.tensor_names(cfg, arch).blocks]
+        layout = lora_layout(arch, cfg, prefixes, max_loras=max_loras, max_rank=max_lora_rank)
+        for i, tabs in lora_tables(layout).items():
+            host["layers"][i] = {**host["layers"][i], "lora": tabs}
     target = target or Target.preset("gb10")
     levers = levers or Levers()
     sizes = BufferSizes.from_config(cfg, max_batch_tokens, max_seq_len, kv_block_size,
@@ -479,7 +537,7 @@ def load_pretrained(
                     fp8=reader.fp8 is not None, arena=arena, caches=caches, block_tables=tables,
                     arena_pointer=arena.unsafe_buffer_pointer(),
                     compiler_options=compiler_options,
-                    serving_pool=kv_pages is not None)  # fmt: skip
+                    serving_pool=kv_pages is not None, lora=layout)  # fmt: skip
 
 
 def _with_kv_dtype(arch: Any, kv_dtype: str, root: Path) -> Any:

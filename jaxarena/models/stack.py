@@ -304,7 +304,7 @@ class ArenaLM:
         return chunk
 
     def prefill(self, params, arena, caches, tokens, cu_seqlens, block_tables, cached_lens=None,
-                *, all_logits: bool = False):  # fmt: skip
+                lora_slots=None, *, all_logits: bool = False):  # fmt: skip
         """Runs the prompts of `S` sequences packed into one pass (or one chunk of them).
 
         A prefill longer than the chunk (`prefill_chunk_tokens`) runs as consecutive token
@@ -328,6 +328,8 @@ class ArenaLM:
             sequence may have 0 tokens in a chunk only when given). A model with a block
             that cannot continue a sequence from an earlier chunk (`unchunked_kinds`) raises
             NotImplementedError.
+          lora_slots: `int32[S]`, each sequence's LoRA adapter slot (-1: none), for a model
+            whose blocks hold LoRA tables (`jaxarena.models.lora`); None: no LoRA.
           all_logits: static; return the logits of every token instead of each sequence's last.
 
         Returns:
@@ -345,15 +347,17 @@ class ArenaLM:
         chunk = self.prefill_chunk_tokens(t)
         if chunk is None:
             arena, caches, h = self._prefill_pass(params, arena, caches, tokens, cu_seqlens,
-                                                  block_tables, cached_lens)  # fmt: skip
+                                                  block_tables, cached_lens,
+                                                  lora_slots=lora_slots)  # fmt: skip
             rows = jnp.arange(t, dtype=jnp.int32) if all_logits else cu_seqlens[1:] - 1
             arena, logits = self._lm_head(arena, params, h[rows])
             return arena, caches, logits
         return self._chunked_prefill(params, arena, caches, tokens, cu_seqlens, block_tables,
-                                     cached_lens, chunk, all_logits)  # fmt: skip
+                                     cached_lens, chunk, all_logits, lora_slots)  # fmt: skip
 
     def _chunked_prefill(self, params, arena, caches, tokens, cu_seqlens, block_tables,
-                         cached_lens, chunk: int, all_logits: bool):  # fmt: skip
+                         cached_lens, chunk: int, all_logits: bool,
+                         lora_slots=None):  # fmt: skip
         """`prefill` as consecutive `chunk`-token passes (see `prefill`): chunk `j` holds
         tokens `[j chunk, (j + 1) chunk)`, each sequence's part of it continuing the tokens
         before (`cached_lens` plus its tokens in earlier chunks). Returns what `prefill`
@@ -368,7 +372,8 @@ class ArenaLM:
             cu = jnp.clip(cu_seqlens - start, 0, n)
             cached = base + jnp.clip(start - cu_seqlens[:-1], 0, lens)
             arena, caches, h = self._prefill_pass(params, arena, caches, toks, cu,
-                                                  block_tables, cached, "prefill_chunk")  # fmt: skip
+                                                  block_tables, cached, "prefill_chunk",
+                                                  lora_slots)  # fmt: skip
             if rows_h is not None:  # keep the rows of the sequences that end in this chunk
                 here = (last >= start) & (last < start + n)
                 rows_h = jnp.where(here[:, None], h[jnp.clip(last - start, 0, n - 1)], rows_h)
@@ -394,7 +399,7 @@ class ArenaLM:
         return arena, caches, logits
 
     def _prefill_pass(self, params, arena, caches, tokens, cu_seqlens, block_tables, cached_lens,
-                      mode: str = "prefill"):  # fmt: skip
+                      mode: str = "prefill", lora_slots=None):  # fmt: skip
         """One pass of `tokens` through every block: `(arena, caches, h)` with `h` the final
         residual stream, `float32[T, hidden]` (bf16-rounded)."""
         t = tokens.shape[0]
@@ -409,12 +414,15 @@ class ArenaLM:
             cached = cached_lens.astype(jnp.int32)
             positions = positions + cached[jnp.minimum(seq, cached.shape[0] - 1)]
             seq_lens = cached + (cu_seqlens[1:] - cu_seqlens[:-1])
+        if lora_slots is not None:  # per sequence -> per token (padding: the last sequence's)
+            lora_slots = lora_slots.astype(jnp.int32)[jnp.minimum(seq, lora_slots.shape[0] - 1)]
         ctx = StepContext(positions=positions, seq_ids=seq, block_tables=block_tables,
                           cu_seqlens=cu_seqlens, seq_lens=seq_lens,
-                          cached_lens=cached)  # fmt: skip
+                          cached_lens=cached, lora_slots=lora_slots)  # fmt: skip
         return self._blocks(mode, params, arena, caches, tokens, ctx)
 
-    def decode_step(self, params, arena, caches, tokens, positions, block_tables, seq_lens):
+    def decode_step(self, params, arena, caches, tokens, positions, block_tables, seq_lens,
+                    lora_slots=None):  # fmt: skip
         """One decode step for `B` sequences (one new token each).
 
         Args:
@@ -424,14 +432,16 @@ class ArenaLM:
           positions: `int32[B]`, its position (the sequence length before this token).
           block_tables: `int32[B, max_blocks_per_seq]`.
           seq_lens: `int32[B]`, lengths after this token (`positions + 1`).
+          lora_slots: `int32[B]`, each sequence's LoRA adapter slot (-1: none); None: no LoRA.
 
         Returns:
           `(arena, caches, logits bfloat16[B, vocab], next_tokens int32[B])` (greedy).
         """
         bsz = tokens.shape[0]
         seq = jnp.arange(bsz, dtype=jnp.int32)
+        slots = None if lora_slots is None else lora_slots.astype(jnp.int32)
         ctx = StepContext(positions=positions, seq_ids=seq, block_tables=block_tables,
-                          seq_lens=seq_lens)  # fmt: skip
+                          seq_lens=seq_lens, lora_slots=slots)  # fmt: skip
         arena, caches, h = self._blocks("decode", params, arena, caches, tokens, ctx)
         arena, logits = self._lm_head(arena, params, h)
         return arena, caches, logits, jnp.argmax(logits, -1).astype(jnp.int32)

@@ -29,6 +29,7 @@ import numpy as np
 from jaxarena import ModelConfig, workspaces
 from jaxarena.models.blocks.base import Block, Env, StepContext, dense_init
 from jaxarena.models.core.arena import BF16, F32, get, linear, stored
+from jaxarena.models.core.lora import lora_add, lora_tables
 from jaxarena.models.core.norms import inv_rms, rms_norm
 from jaxarena.models.core.rope import rope, rope_table
 from pallas_kernels import paged_prefill_attention, splitk_decode_attention_into
@@ -189,6 +190,11 @@ class Attention(Block):
             qkv = qkv + p["bqkv"].astype(F32)
         qkv = stored(qkv)  # as `qkv_output` would hold it; a GEMM output stays an XLA value
         qw = 2 * hq if self.gated else hq
+        tabs = lora_tables(p, ctx.lora_slots)
+        if tabs is not None:  # q, k, v deltas on their column ranges of the fused output
+            cols = [tabs.get("q_proj", qw * hd), tabs.get("k_proj", hkv * hd),
+                    tabs.get("v_proj", hkv * hd)]  # fmt: skip
+            (qkv,) = lora_add((qkv,), ctx.x, [cols], ctx.lora_slots, interpret=env.interpret)
         qh = qkv[:, : qw * hd].reshape(t, hq, -1)
         q = qh[..., :hd]
         # Gated attention: each head's q projection is `[q_h | gate_h]`.
@@ -256,10 +262,10 @@ class Attention(Block):
             "v": flat(cache["v"]).at[slots].set(v).reshape(cache["v"].shape),
         }
 
-    def _out(self, env: Env, p, arena, t: int, gate=None, o=None):
+    def _out(self, env: Env, p, arena, t: int, gate=None, o=None, lora_slots=None):
         """`o_proj` of the attention output: `o` (bf16 `[T, Hq, D]`, prefill's value) or
         else `attn_output` (decode); with `gated`, times `sigmoid(gate)` first, rounded as
-        `attn_output` would store it."""
+        `attn_output` would store it; plus the LoRA delta of tokens with an adapter."""
         hq_d = env.config.num_attention_heads * env.config.head_dim
         src = "attn_output" if o is None else o.reshape(t, hq_d).astype(F32)
         if gate is not None:
@@ -269,6 +275,11 @@ class Attention(Block):
                             workspaces.FP8_ACT_REGIONS, interpret=env.interpret)  # fmt: skip
         if self.o_bias:
             out = out + p["bo"].astype(F32)
+        tabs = lora_tables(p, lora_slots)
+        if tabs is not None and "o_proj" in tabs:
+            x = get(env.plan, arena, "attn_output", (t, hq_d)) if isinstance(src, str) else src
+            (out,) = lora_add((stored(out),), x, [[tabs["o_proj"]]], lora_slots,
+                              interpret=env.interpret)  # fmt: skip
         return arena, out
 
     def prefill(self, env: Env, params, arena, cache, ctx: StepContext):
@@ -291,7 +302,7 @@ class Attention(Block):
             softcap=self.softcap, sinks=params["sinks"].astype(F32) if self.sinks else None,
             **self._kv_scales(params),
         )  # fmt: skip
-        arena, out = self._out(env, params, arena, ctx.num_tokens, gate, o)
+        arena, out = self._out(env, params, arena, ctx.num_tokens, gate, o, ctx.lora_slots)
         return arena, cache, out
 
     def decode(self, env: Env, params, arena, cache, ctx: StepContext):
@@ -305,5 +316,6 @@ class Attention(Block):
             sinks=params["sinks"].astype(F32) if self.sinks else None,
             **self._kv_scales(params),
         )  # fmt: skip
-        arena, out = self._out(env, params, arena, ctx.num_tokens, gate)
+        arena, out = self._out(env, params, arena, ctx.num_tokens, gate,
+                               lora_slots=ctx.lora_slots)  # fmt: skip
         return arena, cache, out

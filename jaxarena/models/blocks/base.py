@@ -66,6 +66,8 @@ class StepContext(NamedTuple):
         in the caches from earlier chunks (this chunk continues them: a block with
         `chunked_prefill` starts each sequence from its cached state); None in a plain
         prefill and in decode.
+      lora_slots: `int32[T]`, each token's LoRA adapter slot (-1: the base model), for a
+        model loaded with `max_lora_rank > 0` (`jaxarena.models.core.lora`); None: no LoRA.
     """
 
     positions: jax.Array
@@ -75,6 +77,7 @@ class StepContext(NamedTuple):
     seq_lens: jax.Array | None = None
     x: jax.Array | None = None
     cached_lens: jax.Array | None = None
+    lora_slots: jax.Array | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from jaxarena import ModelConfig, workspaces
 from jaxarena.models.blocks.base import Env, StatelessBlock, dense_init
 from jaxarena.models.core.arena import fp8_regions, linear, stored
+from jaxarena.models.core.lora import lora_add, lora_tables
 
 __all__ = ["MLP", "FFN_QUANT_REGIONS", "MLP_ACTS", "ffn_down_regions"]
 
@@ -85,13 +86,23 @@ class MLP(StatelessBlock):
         p["w_down"] = reader.linear(f"{prefix}.down_proj", h, inter)
         return p
 
-    def _forward(self, env: Env, p, arena, x, t: int):
+    def prefill(self, env: Env, params, arena, cache, ctx):
+        """Every prompt token through the MLP (with its LoRA adapter, `ctx.lora_slots`)."""
+        arena, out = self._forward(env, params, arena, ctx.x, ctx.num_tokens, ctx.lora_slots)
+        return arena, cache, out
+
+    def decode(self, env: Env, params, arena, cache, ctx):
+        """Each sequence's new token through the MLP (with its LoRA adapter)."""
+        return self.prefill(env, params, arena, cache, ctx)
+
+    def _forward(self, env: Env, p, arena, x, t: int, lora_slots=None):
         """x (the pre-normed rows) -> up (and gate) -> activation -> down. The GEMM outputs
         stay XLA values, rounded as their regions (`expert_gate_out`, `expert_up_out`,
         `moe_output`) would store them; only the FP8 quantizer writes the arena."""
         c, plan, it = env.config, env.plan, env.interpret
         h, inter = c.hidden_size, c.intermediate_size
         quant = self.fp8_acts
+        tabs = lora_tables(p, lora_slots)
         act_regions = workspaces.FP8_ACT_REGIONS
         if self.act in _GATES:
             # One input quantization for both projections (a tuple weight); bf16 weights'
@@ -101,14 +112,22 @@ class MLP(StatelessBlock):
             arena, (g, u) = linear(plan, arena, x, (t, h), (p["w_gate"], p["w_up"]),
                                    act_regions, quant=quant, interpret=it, split=True,
                                    stored_out=True)  # fmt: skip
+            if tabs is not None:
+                g, u = lora_add((g, u), x, [[tabs["gate_proj"]], [tabs["up_proj"]]],
+                                lora_slots, interpret=it)  # fmt: skip
             act = stored(_GATES[self.act](stored(g)) * stored(u))
         else:
             arena, up = linear(plan, arena, x, (t, h), p["w_up"], act_regions, quant=quant,
                                interpret=it)  # fmt: skip
+            if tabs is not None:
+                (up,) = lora_add((stored(up),), x, [[tabs["up_proj"]]], lora_slots, interpret=it)
             act = stored(jnp.square(jax.nn.relu(up)))
         # The seed's floor(K / 128) k-major scales cannot hold ceil(K / 128) columns when the
         # intermediate size is not a multiple of 128: that projection reads its bf16 input.
         regions = ffn_down_regions(plan, t, inter)
         arena, down = linear(plan, arena, act, (t, inter), p["w_down"], regions, quant=quant,
                              interpret=it, stored_out=True)  # fmt: skip
+        if tabs is not None:
+            (down,) = lora_add((stored(down),), act, [[tabs["down_proj"]]], lora_slots,
+                               interpret=it)  # fmt: skip
         return arena, stored(down)

@@ -1,0 +1,92 @@
+"""Kernel body of the batched LoRA matmul (punica's BGMV / SGMV in one form): every token
+multiplies its own adapter's weight, `out[t] = scale[s_t] * x[t] @ w[s_t]^T` with `s_t` the
+token's slot, and zero for a token whose slot is outside `[0, L)` (-1: the base model).
+
+One program per (token tile, column tile). The program visits the `L` slots in turn and, for
+a slot that at least one of its tokens uses, runs the depth loop over `w[slot]` and keeps the
+rows of those tokens; a slot none of its tokens uses costs a reduction over the tile's slot
+ids and nothing else. A prefill packs each sequence's tokens together (one slot per segment),
+so a tile runs one slot, two at a segment boundary; a decode tile of `block_m` sequences runs
+as many slots as it holds distinct adapters. The shrink (`x @ A^T`, `w = A [L, r, in]`,
+scale 1) and the expand (`xa @ B^T * scale`, `w = B [L, out, r]`) are this one body.
+
+Every operand is read whole (`memory_space=pl.ANY`) with masked loads: rows past T, columns
+past N and depth past K load as zeros and are never stored, so nothing is padded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+__all__ = ["BgmvConfig", "lora_bgmv_kernel"]
+
+
+@dataclasses.dataclass(frozen=True)
+class BgmvConfig:
+    """Static shapes of one call: `t` tokens, depth `k`, `n` output columns, `slots` (L)
+    adapter slots; `block_m/n/k` the tile (powers of two >= 16); `upcast`: multiply in
+    float32 (interpret mode on a CPU)."""
+
+    t: int
+    k: int
+    n: int
+    slots: int
+    block_m: int
+    block_n: int
+    block_k: int
+    upcast: bool = False
+
+
+def lora_bgmv_kernel(slot_ref, x_ref, w_ref, scale_ref, out_ref, *, cfg: BgmvConfig):
+    """`out[rows, cols]` of one tile (see the module docstring)."""
+    i, j = pl.program_id(0), pl.program_id(1)
+    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    rows = i * bm + lax.broadcasted_iota(jnp.int32, (bm,), 0)
+    row_ok = rows < cfg.t
+    rows_c = jnp.minimum(rows, cfg.t - 1)
+    slot = plgpu.load(slot_ref.at[rows_c], mask=row_ok, other=-1)
+    cols = j * bn + lax.broadcasted_iota(jnp.int32, (bn,), 0)
+    col_ok = cols < cfg.n
+    cols_c = jnp.minimum(cols, cfg.n - 1)
+    num_k = pl.cdiv(cfg.k, bk)
+
+    def depth(l, kk, acc):
+        ks = kk * bk + lax.broadcasted_iota(jnp.int32, (bk,), 0)
+        k_ok = ks < cfg.k
+        ks_c = jnp.minimum(ks, cfg.k - 1)
+        a = plgpu.load(x_ref.at[rows_c[:, None], ks_c[None, :]],
+                       mask=row_ok[:, None] & k_ok[None, :], other=0)  # fmt: skip
+        b = plgpu.load(w_ref.at[l, cols_c[:, None], ks_c[None, :]],
+                       mask=col_ok[:, None] & k_ok[None, :], other=0)  # fmt: skip
+        if cfg.upcast:
+            a, b = a.astype(jnp.float32), b.astype(jnp.float32)
+        return acc + lax.dot_general(a, b, (((1,), (1,)), ((), ())),
+                                     preferred_element_type=jnp.float32)  # fmt: skip
+
+    def per_slot(l, out):
+        mine = slot == l
+        # A while loop with a traced trip count (0 when no token of the tile uses slot `l`):
+        # Triton refuses an scf.for with traced bounds.
+        # (`jnp.max` of an int: Triton has no `reduce_or`.)
+        used = jnp.max(mine.astype(jnp.int32)) > 0
+        trips = jnp.where(used, jnp.int32(num_k), jnp.int32(0))
+        _, acc = lax.while_loop(
+            lambda c: c[0] < trips,
+            lambda c: (c[0] + 1, depth(l, c[0], c[1])),
+            (jnp.int32(0), jnp.zeros((bm, bn), jnp.float32)),
+        )
+        s = plgpu.load(scale_ref.at[jnp.asarray(l, jnp.int32)])
+        return jnp.where(mine[:, None], acc * s, out)
+
+    out = lax.fori_loop(0, cfg.slots, per_slot, jnp.zeros((bm, bn), jnp.float32))
+    # Stores clamp to the output's bounds: masked lanes never touch memory on a GPU; in
+    # interpret mode `ops.py` pads the output to whole tiles so no two lanes share an index.
+    out_r = jnp.minimum(rows, out_ref.shape[0] - 1)
+    out_c = jnp.minimum(cols, out_ref.shape[1] - 1)
+    plgpu.store(out_ref.at[out_r[:, None], out_c[None, :]], out.astype(out_ref.dtype),
+                mask=row_ok[:, None] & col_ok[None, :])  # fmt: skip
