@@ -1,0 +1,88 @@
+"""The batched LoRA matmul (`pallas_kernels.lora_bgmv`) in interpret mode against its plain
+reference: tokens with different adapters or none (slot -1), prefill segments and decode
+rows, sizes that are not multiples of the tiles; a slot no token of a tile uses is never
+read; bad arguments are named."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from _helpers.tolerances import tol
+
+from pallas_kernels.lora_bgmv import lora_bgmv, lora_bgmv_reference, lora_expand, lora_shrink
+
+BF16 = jnp.bfloat16
+
+# (name, depth K, out N, slots L, per-token slots)
+CASES = [
+    ("one-token", 24, 16, 2, [1]),
+    ("prefill-segments", 40, 24, 3, [0] * 5 + [-1] * 3 + [2] * 11),  # 19 rows: 2 tiles
+    ("decode-mixed", 48, 17, 4, [3, -1, 0, 2, 1, 1, -1, 0, 3, 2, 0, 1, 2, 3, -1, 0, 1]),
+]
+
+
+def _draw(t, k, n, num, seed=0):
+    kx, kw, ks = jax.random.split(jax.random.key(seed), 3)
+    x = jax.random.normal(kx, (t, k)).astype(BF16)
+    w = jax.random.normal(kw, (num, n, k)).astype(BF16)
+    scale = jax.random.uniform(ks, (num,), minval=0.5, maxval=2.0)
+    return x, w, scale
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_matches_reference(case):
+    _, k, n, num, slots = case
+    slots = jnp.asarray(slots, jnp.int32)
+    x, w, scale = _draw(slots.shape[0], k, n, num)
+    got = lora_bgmv(x, w, scale, slots, interpret=True)
+    want = lora_bgmv_reference(x, w, scale, slots)
+    assert got.shape == want.shape == (slots.shape[0], n) and got.dtype == jnp.float32
+    np.testing.assert_allclose(got, want, **tol("lora", "float32"))
+    # Base-model tokens get exact zeros; the others a non-trivial product.
+    base = np.asarray(slots) < 0
+    assert (np.asarray(got)[base] == 0).all()
+    assert (np.abs(np.asarray(got)[~base]).max(-1) > 0.1).all()
+
+
+def test_unused_slot_is_never_read():
+    """NaN weights in the slots no token uses (and in every slot for a base-only batch): a
+    kernel that multiplied them, masked or not, would give NaN rows."""
+    slots = jnp.asarray([0] * 9 + [-1] * 4, jnp.int32)
+    x, w, scale = _draw(13, 32, 16, 3, seed=1)
+    w = w.at[1:].set(jnp.nan)
+    got = lora_bgmv(x, w, scale, slots, interpret=True)
+    np.testing.assert_allclose(got, lora_bgmv_reference(x, w.at[1:].set(0), scale, slots),
+                               **tol("lora", "float32"))  # fmt: skip
+    none = lora_bgmv(x, w.at[0].set(jnp.nan), scale, jnp.full((13,), -1, jnp.int32),
+                     interpret=True)  # fmt: skip
+    assert (np.asarray(none) == 0).all()
+
+
+def test_shrink_then_expand():
+    """The LoRA pair: `scale * (x @ A^T) @ B^T` with A `[L, r, in]`, B `[L, out, r]`, the
+    shrink's output rounded to bf16 as `lora_xa` holds it."""
+    slots = jnp.asarray([2, 2, 2, 0, -1, 1, 1], jnp.int32)
+    x, a, _ = _draw(7, 32, 16, 3, seed=2)
+    _, b, scale = _draw(7, 16, 24, 3, seed=3)
+    xa = lora_shrink(x, a, slots, interpret=True).astype(BF16)
+    got = lora_expand(xa, b, scale, slots, interpret=True)
+    want_xa = lora_bgmv_reference(x, a, jnp.ones(3), slots).astype(BF16)
+    want = lora_bgmv_reference(want_xa, b, scale, slots)
+    np.testing.assert_allclose(got, want, **tol("lora", "float32"))
+
+
+def test_bad_arguments_are_named():
+    x, w, scale = _draw(4, 16, 16, 2)
+    slots = jnp.zeros((4,), jnp.int32)
+    with pytest.raises(ValueError, match="depth 16 .* must equal x's 8"):
+        lora_bgmv(x[:, :8], w, scale, slots)
+    with pytest.raises(ValueError, match=r"scale must be \[2\]"):
+        lora_bgmv(x, w, scale[:1], slots)
+    with pytest.raises(ValueError, match=r"slots \[2\] outside \[-1, 2\)"):
+        lora_bgmv(x, w, scale, jnp.asarray([0, 1, 2, -1], jnp.int32))
+    with pytest.raises(ValueError, match=r"slots must be int32\[4\]"):
+        lora_bgmv(x, w, scale, slots[:3])
+    with pytest.raises(ValueError, match="w must be"):
+        lora_bgmv(x, w[0], scale, slots)
