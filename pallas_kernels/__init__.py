@@ -12,7 +12,8 @@ kernel folders export further helpers (e.g. `splitk_decode_attention.splitk_num_
 `ssd_state_update` (the Mamba-2 decode step) and `gdn_state_update` (the Gated DeltaNet one)
 need no workspace: their in-place operand is the caller's state cache.
 `paged_prefill_attention` (prefill and chunked prefill over the paged KV cache) needs none
-either: its arena form writes only `attn_output`.
+either: its arena form writes only `attn_output`. `lora_bgmv` (`lora_shrink`, `lora_expand`:
+batched LoRA, each token with its own adapter) returns values and needs none.
 """
 
 from pallas_kernels.fp8_block_quant import (
@@ -28,6 +29,7 @@ from pallas_kernels.grouped_gemm import (
     grouped_gemm_fp8,
     grouped_gemm_reference,
 )
+from pallas_kernels.lora_bgmv import lora_bgmv, lora_bgmv_reference, lora_expand, lora_shrink
 from pallas_kernels.prefill_attention import (
     paged_prefill_attention,
     paged_prefill_attention_into,
@@ -57,6 +59,10 @@ __all__ = [
     "grouped_gemm",
     "grouped_gemm_fp8",
     "grouped_gemm_reference",
+    "lora_bgmv",
+    "lora_bgmv_reference",
+    "lora_expand",
+    "lora_shrink",
     "paged_decode_attention_reference",
     "paged_prefill_attention",
     "paged_prefill_attention_into",

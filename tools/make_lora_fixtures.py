@@ -101,6 +101,8 @@ def build() -> None:
             (out / "README.md").unlink(missing_ok=True)
             cfg = json.loads((out / "adapter_config.json").read_text())
             cfg["base_model_name_or_path"] = f"tests/fixtures/checkpoints/{ckpt}"
+            if isinstance(cfg["target_modules"], list):  # peft writes a set's order
+                cfg["target_modules"] = sorted(cfg["target_modules"])
             (out / "adapter_config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True))
             mf._write_npz(out / "reference.npz", result)
             print(f"{ckpt}/{name}: {sorted(p.name for p in out.iterdir())}")

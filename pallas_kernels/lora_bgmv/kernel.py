@@ -30,7 +30,10 @@ __all__ = ["BgmvConfig", "lora_bgmv_kernel"]
 class BgmvConfig:
     """Static shapes of one call: `t` tokens, depth `k`, `n` output columns, `slots` (L)
     adapter slots; `block_m/n/k` the tile (powers of two >= 16); `upcast`: multiply in
-    float32 (interpret mode on a CPU)."""
+    float32 (interpret mode on a CPU); `add_at`: None, or the first column of the output
+    (aliased to a base projection's output `y`) that column 0 of the product is added to:
+    `y[t, add_at + c] = bf16(y[t, add_at + c] + bf16(out[t, c]))` for the tokens with a slot,
+    the other tokens' rows untouched."""
 
     t: int
     k: int
@@ -40,10 +43,13 @@ class BgmvConfig:
     block_n: int
     block_k: int
     upcast: bool = False
+    add_at: int | None = None
 
 
-def lora_bgmv_kernel(slot_ref, x_ref, w_ref, scale_ref, out_ref, *, cfg: BgmvConfig):
-    """`out[rows, cols]` of one tile (see the module docstring)."""
+def lora_bgmv_kernel(slot_ref, x_ref, w_ref, scale_ref, *refs, cfg: BgmvConfig):
+    """`out[rows, cols]` of one tile (see the module docstring); with `cfg.add_at` the refs
+    are `(y, out)`, `out` aliased to `y`."""
+    out_ref = refs[-1]
     i, j = pl.program_id(0), pl.program_id(1)
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     rows = i * bm + lax.broadcasted_iota(jnp.int32, (bm,), 0)
@@ -65,6 +71,8 @@ def lora_bgmv_kernel(slot_ref, x_ref, w_ref, scale_ref, out_ref, *, cfg: BgmvCon
                        mask=col_ok[:, None] & k_ok[None, :], other=0)  # fmt: skip
         if cfg.upcast:
             a, b = a.astype(jnp.float32), b.astype(jnp.float32)
+        elif a.dtype != b.dtype:  # e.g. float32 rows holding bf16 values: no convert launch
+            a = a.astype(b.dtype)
         return acc + lax.dot_general(a, b, (((1,), (1,)), ((), ())),
                                      preferred_element_type=jnp.float32)  # fmt: skip
 
@@ -87,6 +95,14 @@ def lora_bgmv_kernel(slot_ref, x_ref, w_ref, scale_ref, out_ref, *, cfg: BgmvCon
     # Stores clamp to the output's bounds: masked lanes never touch memory on a GPU; in
     # interpret mode `ops.py` pads the output to whole tiles so no two lanes share an index.
     out_r = jnp.minimum(rows, out_ref.shape[0] - 1)
-    out_c = jnp.minimum(cols, out_ref.shape[1] - 1)
+    mask = row_ok[:, None] & col_ok[None, :]
+    if cfg.add_at is None:
+        out_c = jnp.minimum(cols, out_ref.shape[1] - 1)
+    else:  # in place: only the rows of tokens with an adapter are read and written
+        out_c = jnp.minimum(cfg.add_at + cols, out_ref.shape[1] - 1)
+        mask = mask & (slot >= 0)[:, None]
+        y = plgpu.load(out_ref.at[out_r[:, None], out_c[None, :]], mask=mask, other=0)
+        delta = out.astype(jnp.bfloat16).astype(jnp.float32)
+        out = (y.astype(jnp.float32) + delta).astype(jnp.bfloat16)
     plgpu.store(out_ref.at[out_r[:, None], out_c[None, :]], out.astype(out_ref.dtype),
-                mask=row_ok[:, None] & col_ok[None, :])  # fmt: skip
+                mask=mask)  # fmt: skip

@@ -16,7 +16,7 @@ from pallas_kernels._args import resolve_interpret
 from pallas_kernels.lora_bgmv.checks import validate
 from pallas_kernels.lora_bgmv.kernel import BgmvConfig, lora_bgmv_kernel
 
-__all__ = ["lora_bgmv", "lora_expand", "lora_shrink"]
+__all__ = ["lora_bgmv", "lora_expand", "lora_expand_into", "lora_shrink"]
 
 _BLOCK_M = 16  # a decode batch's tile: Triton's smallest dot
 
@@ -25,24 +25,45 @@ def _pow2(n: int, lo: int, hi: int) -> int:
     return max(lo, min(hi, 1 << max(0, (n - 1).bit_length())))
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "out_dtype", "interpret"))
-def _run(slots, x, w, scale, *, cfg: BgmvConfig, out_dtype: Any, interpret: bool) -> jax.Array:
-    rows = pl.cdiv(cfg.t, cfg.block_m) * cfg.block_m if interpret else cfg.t
-    n_tiles = pl.cdiv(cfg.n, cfg.block_n)
-    cols = n_tiles * cfg.block_n if interpret else cfg.n
+def _call(cfg: BgmvConfig, shape: tuple[int, int], dtype: Any, interpret: bool, aliased: bool):
     any_spec = pl.BlockSpec(memory_space=pl.ANY)
-    out = pl.pallas_call(
+    return pl.pallas_call(
         functools.partial(lora_bgmv_kernel, cfg=cfg),
-        grid=(pl.cdiv(cfg.t, cfg.block_m), n_tiles),
-        in_specs=[any_spec] * 4,
+        grid=(pl.cdiv(cfg.t, cfg.block_m), pl.cdiv(cfg.n, cfg.block_n)),
+        in_specs=[any_spec] * (5 if aliased else 4),
         out_specs=any_spec,
-        out_shape=jax.ShapeDtypeStruct((rows, cols), out_dtype),
+        out_shape=jax.ShapeDtypeStruct(shape, dtype),
+        input_output_aliases={4: 0} if aliased else {},
         interpret=interpret,
         # Triton explicitly: jax 0.10 otherwise lowers GPU pallas_calls with Mosaic GPU.
         compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
         name="lora_bgmv",
-    )(slots, x, w, scale)
+    )
+
+
+def _padded(cfg: BgmvConfig, t: int, cols: int, interpret: bool) -> tuple[int, int]:
+    """Interpret mode: whole tiles of output (see the kernel's store); compiled: exact."""
+    if not interpret:
+        return t, cols
+    return (pl.cdiv(t, cfg.block_m) * cfg.block_m,
+            max(cols, (cfg.add_at or 0) + pl.cdiv(cfg.n, cfg.block_n) * cfg.block_n))  # fmt: skip
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "out_dtype", "interpret"))
+def _run(slots, x, w, scale, *, cfg: BgmvConfig, out_dtype: Any, interpret: bool) -> jax.Array:
+    rows, cols = _padded(cfg, cfg.t, cfg.n, interpret)
+    out = _call(cfg, (rows, cols), out_dtype, interpret, False)(slots, x, w, scale)
     return out[: cfg.t, : cfg.n] if interpret else out
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "interpret"), donate_argnums=4)
+def _run_into(slots, x, w, scale, y, *, cfg: BgmvConfig, interpret: bool) -> jax.Array:
+    t, ny = y.shape
+    rows, cols = _padded(cfg, t, ny, interpret)
+    if (rows, cols) != (t, ny):  # interpret mode only
+        y_p = jnp.zeros((rows, cols), y.dtype).at[:t, :ny].set(y)
+        return _call(cfg, (rows, cols), y.dtype, interpret, True)(slots, x, w, scale, y_p)[:t, :ny]
+    return _call(cfg, (t, ny), y.dtype, interpret, True)(slots, x, w, scale, y)
 
 
 def lora_bgmv(x: jax.Array, w: jax.Array, scale: jax.Array, slots: jax.Array, *,
@@ -51,7 +72,8 @@ def lora_bgmv(x: jax.Array, w: jax.Array, scale: jax.Array, slots: jax.Array, *,
     """`out[t] = scale[s] * x[t] @ w[s]^T` for `s = slots[t]`; zero rows where `s == -1`.
 
     Args:
-      x: `[T, K]` (bf16, f16 or f32), the tokens.
+      x: `[T, K]` (bf16, f16 or f32), the tokens; multiplied in `w`'s dtype (read as they
+        are, converted in the kernel: float32 rows holding bf16 values cost no launch).
       w: `[L, N, K]`, one weight per adapter slot (zero padding past an adapter's rank is
         exact).
       scale: `float32[L]`, each slot's factor.
@@ -71,17 +93,18 @@ def lora_bgmv(x: jax.Array, w: jax.Array, scale: jax.Array, slots: jax.Array, *,
     interp = resolve_interpret(interpret)
     cfg = BgmvConfig(t=t, k=k, n=n, slots=num, block_m=_BLOCK_M, block_n=_pow2(n, 16, 64),
                      block_k=_pow2(k, 16, 64), upcast=interp)  # fmt: skip
-    return _run(slots.astype(jnp.int32), x, w.astype(x.dtype), scale.astype(jnp.float32),
+    return _run(slots.astype(jnp.int32), x, w, scale.astype(jnp.float32),
                 cfg=cfg, out_dtype=out_dtype, interpret=interp)  # fmt: skip
 
 
-def lora_shrink(x: jax.Array, a: jax.Array, slots: jax.Array, *,
+def lora_shrink(x: jax.Array, a: jax.Array, slots: jax.Array, *, out_dtype: Any = jnp.float32,
                 interpret: bool | None = None) -> jax.Array:  # fmt: skip
-    """The shrink: `xa[t] = x[t] @ a[slots[t]]^T`, `float32[T, r]` from `x [T, in]` and the
-    stacked A weights `a [L, r, in]` (what the arena's `lora_xa` holds, rounded to bf16);
-    zero rows for `slots[t] == -1`."""
+    """The shrink: `xa[t] = x[t] @ a[slots[t]]^T`, `out_dtype[T, r]` from `x [T, in]` and the
+    stacked A weights `a [L, r, in]` (bf16 out: what the arena's `lora_xa` holds); zero rows
+    for `slots[t] == -1`."""
     one = jnp.ones((a.shape[0],), jnp.float32) if hasattr(a, "shape") else None
-    return lora_bgmv(x, a, one, slots, interpret=interpret, what="lora_shrink")
+    return lora_bgmv(x, a, one, slots, out_dtype=out_dtype, interpret=interpret,
+                     what="lora_shrink")  # fmt: skip
 
 
 def lora_expand(xa: jax.Array, b: jax.Array, scale: jax.Array, slots: jax.Array, *,
@@ -91,3 +114,37 @@ def lora_expand(xa: jax.Array, b: jax.Array, scale: jax.Array, slots: jax.Array,
     (what the arena's `lora_delta` holds, rounded to bf16); zero rows for `s == -1`. The
     caller adds it to the base projection's output."""
     return lora_bgmv(xa, b, scale, slots, interpret=interpret, what="lora_expand")
+
+
+def lora_expand_into(y: jax.Array, xa: jax.Array, b: jax.Array, scale: jax.Array,
+                     slots: jax.Array, *, col0: int = 0,
+                     interpret: bool | None = None) -> jax.Array:  # fmt: skip
+    """The expand added to a base projection's output in place: for every token `t` with a
+    slot `s >= 0`, `y[t, col0:col0 + out] = bf16(y + bf16(scale[s] * xa[t] @ b[s]^T))` (the
+    delta rounded as the arena's `lora_delta` holds it, the sum as `y`'s region does); the
+    other rows and columns of `y` are not touched.
+
+    Args:
+      y: `[T, n_y]` (float32 holding bf16 values, or bf16), donated: the result is written
+        into its buffer (no temp of its size); the caller must not reuse `y`.
+      xa, b, scale, slots: as for `lora_expand`.
+      col0: static; the first column of `y` the delta's column 0 lands on (the k or v range
+        of a fused q/k/v output), `col0 + out <= n_y`.
+
+    Returns:
+      `y` with the deltas added, same shape and dtype.
+    """
+    validate(xa, b, scale, slots, "lora_expand_into")
+    t, k = xa.shape
+    num, n, _ = b.shape
+    if len(getattr(y, "shape", ())) != 2 or y.shape[0] != t:
+        raise ValueError(f"lora_expand_into: y must be [{t}, n_y] (one row per token), got "
+                         f"{getattr(y, 'shape', type(y))}")  # fmt: skip
+    if isinstance(col0, bool) or not isinstance(col0, int) or not 0 <= col0 <= y.shape[1] - n:
+        raise ValueError(f"lora_expand_into: col0={col0!r} must be an int in "
+                         f"[0, {y.shape[1] - n}] (y has {y.shape[1]} columns, b gives {n})")  # fmt: skip
+    interp = resolve_interpret(interpret)
+    cfg = BgmvConfig(t=t, k=k, n=n, slots=num, block_m=_BLOCK_M, block_n=_pow2(n, 16, 64),
+                     block_k=_pow2(k, 16, 64), upcast=interp, add_at=col0)  # fmt: skip
+    return _run_into(slots.astype(jnp.int32), xa, b, scale.astype(jnp.float32), y, cfg=cfg,
+                     interpret=interp)  # fmt: skip

@@ -11,7 +11,13 @@ import numpy as np
 import pytest
 from _helpers.tolerances import tol
 
-from pallas_kernels.lora_bgmv import lora_bgmv, lora_bgmv_reference, lora_expand, lora_shrink
+from pallas_kernels.lora_bgmv import (
+    lora_bgmv,
+    lora_bgmv_reference,
+    lora_expand,
+    lora_expand_into,
+    lora_shrink,
+)
 
 BF16 = jnp.bfloat16
 
@@ -86,3 +92,27 @@ def test_bad_arguments_are_named():
         lora_bgmv(x, w, scale, slots[:3])
     with pytest.raises(ValueError, match="w must be"):
         lora_bgmv(x, w[0], scale, slots)
+
+
+def test_expand_into_adds_in_place_on_a_column_range():
+    """The expand added to a fused output's column range (the k range of q/k/v): rows with
+    an adapter get `bf16(y + bf16(delta))`, every other element of `y` is unchanged."""
+    slots = jnp.asarray([1, 1, -1, 0, 2, -1, 0, 1, 1, 1, 2, 2, 0, 0, 1, -1, 2, 0], jnp.int32)
+    t, r, n, col0, ny = 18, 16, 24, 40, 88
+    xa, b, scale = _draw(t, r, n, 3, seed=4)
+    y = jax.random.normal(jax.random.key(5), (t, ny)).astype(BF16).astype(jnp.float32)
+    got = np.asarray(lora_expand_into(jnp.copy(y), xa, b, scale, slots, col0=col0,
+                                      interpret=True))  # fmt: skip
+    delta = lora_bgmv_reference(xa, b, scale, slots).astype(BF16).astype(jnp.float32)
+    want = np.asarray(y).copy()
+    rows = np.asarray(slots) >= 0
+    part = (y[:, col0 : col0 + n] + delta).astype(BF16).astype(jnp.float32)
+    want[rows, col0 : col0 + n] = np.asarray(part)[rows]
+    # Both sides round the same f32 sums to bf16 twice; sums within the f32 bound may round
+    # to neighbouring bf16 values: one bf16 ulp (2^-7 relative) on top of the f32 bound.
+    np.testing.assert_allclose(got, want, rtol=2.0**-7, atol=tol("lora", "float32")["atol"])
+    untouched = np.ones_like(want, bool)
+    untouched[rows, col0 : col0 + n] = False
+    np.testing.assert_array_equal(got[untouched], np.asarray(y)[untouched])
+    with pytest.raises(ValueError, match=r"col0=70 must be an int in \[0, 64\]"):
+        lora_expand_into(y, xa, b, scale, slots, col0=70)

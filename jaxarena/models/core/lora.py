@@ -7,8 +7,9 @@ zeros). A step's tokens carry their slot in `StepContext.lora_slots` (-1: the ba
 
 `lora_add` adds `scale * (x @ A^T) @ B^T` to the base outputs with the batched kernels
 (`pallas_kernels.lora_bgmv`), rounded as the seed's regions would hold them: the shrink
-output as `lora_xa` (bf16), the expand output as `lora_delta` (bf16), the sum as the base
-output's region. The base GEMM is untouched; the whole LoRA path sits in one `lax.cond` on
+output as `lora_xa` (bf16), the expand output as `lora_delta` (bf16, inside the kernel), the
+sum as the base output's region. The expand adds into the base output's buffer in place (on
+its column range of a fused output), so the path's only temp is the `[T, r]` shrink output. The base GEMM is untouched; the whole LoRA path sits in one `lax.cond` on
 "any token has a slot", so a step whose batch uses no adapter pays that reduction and the
 conditional only.
 """
@@ -22,8 +23,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxarena.models.core.arena import BF16, stored
-from pallas_kernels.lora_bgmv import lora_expand, lora_shrink
+from jaxarena.models.core.arena import BF16
+from pallas_kernels.lora_bgmv import lora_expand_into, lora_shrink
 
 __all__ = ["lora_add", "lora_tables"]
 
@@ -35,11 +36,13 @@ def lora_tables(params: dict[str, Any], slots: jax.Array | None) -> dict[str, An
     return params["lora"]
 
 
-def _delta(tab: dict[str, jax.Array], x: jax.Array, slots: jax.Array,
-           interpret: bool | None) -> jax.Array:  # fmt: skip
-    xa = stored(lora_shrink(x.astype(BF16), tab["a"], slots, interpret=interpret))
-    d = lora_expand(xa.astype(BF16), tab["b"], tab["scale"], slots, interpret=interpret)
-    return stored(d)
+def _add(y: jax.Array, tab: dict[str, jax.Array], x: jax.Array, slots: jax.Array, col0: int,
+         interpret: bool | None) -> jax.Array:  # fmt: skip
+    # The shrink reads the float32 rows (bf16 values) as they are and writes bf16, the
+    # rounding `lora_xa` would store; the expand adds into `y`'s buffer in place.
+    xa = lora_shrink(x, tab["a"], slots, out_dtype=BF16, interpret=interpret)
+    return lora_expand_into(y, xa, tab["b"], tab["scale"], slots, col0=col0,
+                            interpret=interpret)  # fmt: skip
 
 
 def lora_add(ys: Sequence[jax.Array], x: jax.Array, groups: Sequence[Sequence[Any]],
@@ -56,18 +59,21 @@ def lora_add(ys: Sequence[jax.Array], x: jax.Array, groups: Sequence[Sequence[An
       interpret: Pallas interpret mode (None: on a CPU).
 
     Returns:
-      The outputs, each `stored(y + delta)` where a token has an adapter; unchanged (the
-      same values) when no token of the step has one.
+      The outputs, `bf16(y + bf16(delta))` in the rows of tokens with an adapter, the other
+      rows unchanged; all unchanged (the same values) when no token of the step has one.
     """
-    t = x.shape[0]
 
     def on(ys):
         out = []
         for y, group in zip(ys, groups, strict=True):
-            parts = [jnp.zeros((t, g), jnp.float32) if isinstance(g, int)
-                     else _delta(g, x, slots, interpret) for g in group]  # fmt: skip
-            d = parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=1)
-            out.append(stored(y + d))
+            col0 = 0
+            for g in group:
+                if isinstance(g, int):
+                    col0 += g
+                    continue
+                y = _add(y, g, x, slots, col0, interpret)
+                col0 += g["b"].shape[1]
+            out.append(y)
         return tuple(out)
 
     return lax.cond(jnp.any(slots >= 0), on, tuple, tuple(ys))
