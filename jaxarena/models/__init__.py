@@ -12,14 +12,24 @@ regions (see README.md in this folder for the layout and how to add a block or a
 - `checkpoint`: the safetensors reader (`open_checkpoint`, `CheckpointError`, `Reader`).
 - `runtime`: `load_pretrained(path, ...)` -> `CausalLM`, with `prefill_logits` and greedy
   `generate` (bf16 or FP8 block-quantized checkpoints).
+- `lora`: PEFT LoRA adapters in device slots (`CausalLM.load_lora`, `LoraError`).
 - `reference`: the random-weight hybrid (`HybridModel`), the tensor-parallel attention block,
   and what `jaxarena demo` runs.
 - `generate_cli`: what `jaxarena generate` runs.
 """
 
 from jaxarena.models.checkpoint import CheckpointError
+from jaxarena.models.lora import LoraError
 from jaxarena.models.reference.hybrid import HybridModel
 from jaxarena.models.runtime import CausalLM, load_pretrained
 from jaxarena.models.stack import Arch, ArenaLM
 
-__all__ = ["Arch", "ArenaLM", "CausalLM", "CheckpointError", "HybridModel", "load_pretrained"]
+__all__ = [
+    "Arch",
+    "ArenaLM",
+    "CausalLM",
+    "CheckpointError",
+    "HybridModel",
+    "LoraError",
+    "load_pretrained",
+]

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxarena.models.core.arena import BF16
+from jaxarena.models.core.arena import BF16, F32
 from pallas_kernels.lora_bgmv import lora_expand_into, lora_shrink
 
 __all__ = ["lora_add", "lora_tables"]
@@ -76,4 +76,7 @@ def lora_add(ys: Sequence[jax.Array], x: jax.Array, groups: Sequence[Sequence[An
             out.append(y)
         return tuple(out)
 
-    return lax.cond(jnp.any(slots >= 0), on, tuple, tuple(ys))
+    # The outputs go through the conditional (and the in-place expand) as bf16, the values
+    # they hold: a GEMM's bf16 output buffer, not a float32 copy of it.
+    out = lax.cond(jnp.any(slots >= 0), on, tuple, tuple(y.astype(BF16) for y in ys))
+    return tuple(y.astype(F32) for y in out)
