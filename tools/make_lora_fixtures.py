@@ -25,9 +25,10 @@ values so the checkpoint's bf16 tables hold them exactly):
   `alpha_pattern` o_proj: 4;
 * `mlp`: k_proj and gate/up/down_proj, r=16 (the tests' max_lora_rank), lora_alpha=8.
 
-On the MoE checkpoint B is drawn smaller, and an adapter whose router margins on the
-prompts fall below `MOE_MARGIN` is drawn again (a near-tie routes bf16 and float32
-differently).
+On the MoE checkpoint B is drawn smaller, and an adapter is drawn again until at least
+`QUIET_PROMPTS` prompts have router margins of `MOE_MARGIN` or more at every position and
+MoE layer (a near-tie routes bf16 and float32 differently); `router_margin_<i>` tells the
+tests which prompts those are.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ CHECKPOINTS = {"qwen3": Qwen3ForCausalLM, "qwen3_moe": Qwen3MoeForCausalLM}
 # than make_moe_fixtures.py's prompts have (bf16 and float32 router logits differ by ~0.01).
 B_STD = {"qwen3": 0.25, "qwen3_moe": 0.1}
 MOE_MARGIN = 0.1
+QUIET_PROMPTS = 2  # prompts whose every position clears MOE_MARGIN (the tests use those)
 
 
 def _bf16(t: torch.Tensor) -> torch.Tensor:
@@ -97,7 +99,7 @@ def build() -> None:
                 routers = mm._Routers(model)
                 worst = [float(routers.margins(model, p)[0].min()) for p in prompts]
                 print(f"{ckpt}/{name} draw {attempt}: smallest router margins {worst}")
-                if min(worst) >= MOE_MARGIN:
+                if sorted(worst)[-QUIET_PROMPTS] >= MOE_MARGIN:
                     break
             else:
                 raise RuntimeError(f"{ckpt}/{name}: no draw without router near-ties")

@@ -48,3 +48,29 @@ def test_lora_kernels_compile_without_spills(h200, shape):
     # The shrink's float32 [T, r] output (then its bf16 copy) is the only intermediate.
     assert res.temp_bytes <= t * r * (4 + 2) + 1024, res.temp_bytes
     assert res.launches is not None and res.launches <= 4, res.launches
+
+
+@pytest.mark.parametrize("t", [8, 2048])
+def test_expand_into_the_base_output_is_in_place(h200, t):
+    """The model's form: the shrink writes bf16 `xa`, the expand adds into the donated base
+    output (`[T, 4096]` bf16) on a column range: the output aliases it, and the only temp is
+    `xa` (`[T, r]` bf16), whatever the projection's width."""
+    from pallas_kernels.lora_bgmv import lora_expand_into
+
+    k, n, r, num, ny = 4096, 1024, 16, 8, 4096
+    sds = jax.ShapeDtypeStruct
+
+    def lora(y, x, a, b, scale, slots):
+        xa = lora_shrink(x, a, slots, out_dtype=BF16, interpret=False)
+        return lora_expand_into(y, xa, b, scale, slots, col0=2048, interpret=False)
+
+    res = gpu_aot.compile_for_gpu(
+        lora, sds((t, ny), BF16), sds((t, k), BF16), sds((num, r, k), BF16),
+        sds((num, n, r), BF16), sds((num,), jnp.float32), sds((t,), jnp.int32), target=h200,
+        donate_argnums=0, no_spills=True, dump_dir=True,
+    )  # fmt: skip
+    assert {x.name for x in res.pallas_kernels} == {"lora_bgmv"}
+    assert res.alias_bytes == t * ny * 2, res.memory_analysis()
+    assert res.temp_bytes <= t * r * 2 + 1024, res.temp_bytes
+    # The two kernels and one small fusion (the shrink's constant unit scales).
+    assert res.launches <= 3, res.launches
