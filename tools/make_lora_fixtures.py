@@ -8,8 +8,7 @@ Environment: a separate venv (never the project's `.venv`)::
     /tmp/lora-ref/bin/python tools/make_lora_fixtures.py   # from the repository root
 
 Writes `tests/fixtures/lora/<checkpoint>/<adapter>/` for the checkpoints `qwen3` (dense) and
-`qwen3_moe` (MoE; layer 1 is its dense SwiGLU MLP, `mlp_only_layers=[1]`; the routed experts
-are fused parameters, not Linear modules, so no adapter targets them): each adapter is
+`qwen3_moe` (MoE; its adapters keep only the attention modules, see `_moe_targets`): each adapter is
 `adapter_config.json` + `adapter_model.safetensors` as `PeftModel.save_pretrained` writes
 them, and `reference.npz` holds the float32 outputs of transformers' model (the bf16
 checkpoint loaded as float32, eager attention) with the adapter applied by peft, on the
@@ -64,6 +63,15 @@ MOE_MARGIN = 0.1
 QUIET_PROMPTS = 2  # prompts whose every position clears MOE_MARGIN (the tests use those)
 
 
+def _moe_targets(mods: list[str]) -> list[str]:
+    """The attention modules of `mods`: on this MoE checkpoint peft 0.21 turns `gate_proj` /
+    `up_proj` / `down_proj` targets (names or a regex) into LoRA on the routed experts' fused
+    `gate_up_proj` / `down_proj` parameters (`target_parameters`), which jaxarena does not
+    load, and adapts no module of the dense layer 1 MLP; so these adapters are attention
+    only (the dense MLP's LoRA is checked on qwen3)."""
+    return [m for m in mods if m in ALL[:4]]
+
+
 def _bf16(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.bfloat16).to(torch.float32)
 
@@ -92,6 +100,8 @@ def build() -> None:
         prompts = [ids[i, :n].tolist() for i, n in enumerate(lens)]
         for k, (name, spec) in enumerate(ADAPTERS.items()):
             out = ROOT / "lora" / ckpt / name
+            if ckpt == "qwen3_moe":
+                spec = {**spec, "target_modules": _moe_targets(spec["target_modules"])}
             for attempt in range(50):
                 model = _adapt(cls, path, spec, mf.SEED + 5000 + 100 * k + attempt, B_STD[ckpt])
                 if ckpt != "qwen3_moe":

@@ -185,3 +185,47 @@ def test_bad_adapters_are_named(lm, tmp_path):
         read_adapter(d, layout)
     with pytest.raises(ValueError, match=r"slot=3 must be an int in \[0, max_loras=3\)"):
         lm.load_lora(3, LORA / "qwen3" / "attn")
+
+
+MOE_MARGIN = 0.1  # tools/make_lora_fixtures.py's router-margin floor
+
+
+def test_moe_checkpoint_prefill_matches_peft():
+    """qwen3_moe (layers 0 and 2 MoE, layer 1 a dense SwiGLU MLP), adapters on the attention
+    of every layer (tools/make_lora_fixtures.py: peft puts gate/up/down targets on the fused
+    experts here, which are not loaded); the model still gives the dense MLP its tables.
+    Prefill logits of the prompts whose router margins under
+    the adapter clear the fixture's floor at every position (elsewhere bf16 may route
+    another expert), within the bound: qwen3_moe's roundings as test_moe_models.py counts
+    them for attention and the dense MLP, plus the LoRA path's."""
+    lm = load_pretrained(CHECKPOINTS / "qwen3_moe", **LIMITS, compiler_options=FAST_CPU_COMPILE,
+                         max_lora_rank=MAX_RANK, max_loras=3)  # fmt: skip
+    assert {i for i, _, _ in lm.lora.modules} == {0, 2, 3, 4}  # attention x3, dense MLP
+    prompts = reference("qwen3_moe")["prompts"]
+    checked = 0
+    for slot, name in enumerate(ADAPTERS):
+        path = LORA / "qwen3_moe" / name
+        lm.load_lora(slot, path)
+        with np.load(path / "reference.npz") as r:
+            ref = {k: r[k] for k in r.files}
+        # The logits store, 3 attention blocks (2 + 4, test_pretrained.py), 2 MoE blocks
+        # (2 + 5, test_moe_models.py), the dense SwiGLU MLP (2 + 4), + the LoRA path's for
+        # every module the adapter holds (per block: as `lora_roundings`).
+        n = 1 + 3 * 6 + 2 * 7 + 6
+        for mods in read_adapter(path, lm.lora).values():
+            n += lora_roundings(name, {"target_modules": sorted(mods)}, 1)
+        zmax = max(np.abs(ref[f"prefill_logits_{i}"]).max() for i in range(len(prompts)))
+        atol = 4 * U_BF16 * np.sqrt(n / 3) * zmax
+        moved = 0.0  # how far the adapter moves the logits (k_proj alone: not on one token)
+        for i, p in enumerate(prompts):
+            n_p = len(p)
+            if ref[f"router_margin_{i}"][:, :n_p].min() < MOE_MARGIN:
+                continue
+            base = reference("qwen3_moe")["prefill"][i]
+            moved = max(moved, np.abs(ref[f"prefill_logits_{i}"] - base).max())
+            got = lm.prefill_logits(p, lora_slot=slot)
+            np.testing.assert_allclose(got, ref[f"prefill_logits_{i}"], atol=atol, rtol=0,
+                                       err_msg=f"{name} prompt {i}")  # fmt: skip
+            checked += 1
+        assert moved > 2 * atol, (name, moved, atol)
+    assert checked >= 2 * len(ADAPTERS)
