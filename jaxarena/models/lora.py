@@ -129,7 +129,7 @@ def read_adapter(path: str | Path, layout: LoraLayout) -> dict[int, dict[str, di
         raise LoraError(f"{cfg_path}: cannot read the adapter config ({e})") from e
     if not st_path.is_file():
         raise LoraError(f"{st_path}: missing (an adapter is adapter_config.json plus "
-                        "adapter_model.safetensors, as peft's save_pretrained writes it)")  # fmt: skip
+                        "adapter_model.safetensors, as peft's save_pretrained writes)")  # fmt: skip
     for key, ok in (("use_dora", False), ("modules_to_save", None), ("bias", "none")):
         if cfg.get(key, ok) not in (ok, [], False):
             raise LoraError(f"{cfg_path}: {key}={cfg[key]!r} is not supported (plain LoRA "

@@ -317,7 +317,8 @@ class CausalLM:
         return np.asarray(logits[: ids.size], np.float32)
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
-                 return_logits: bool = False, lora_slots: Sequence[int] | None = None) -> Any:  # fmt: skip
+                 return_logits: bool = False,
+                 lora_slots: Sequence[int] | None = None) -> Any:  # fmt: skip
         """Greedy continuations of a batch of prompts.
 
         Prefill runs the prompts packed into one pass, or, when they hold more than

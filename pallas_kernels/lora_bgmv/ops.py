@@ -142,7 +142,7 @@ def lora_expand_into(y: jax.Array, xa: jax.Array, b: jax.Array, scale: jax.Array
                          f"{getattr(y, 'shape', type(y))}")  # fmt: skip
     if isinstance(col0, bool) or not isinstance(col0, int) or not 0 <= col0 <= y.shape[1] - n:
         raise ValueError(f"lora_expand_into: col0={col0!r} must be an int in "
-                         f"[0, {y.shape[1] - n}] (y has {y.shape[1]} columns, b gives {n})")  # fmt: skip
+                         f"[0, {y.shape[1] - n}] (y has {y.shape[1]} columns, b {n})")  # fmt: skip
     interp = resolve_interpret(interpret)
     cfg = BgmvConfig(t=t, k=k, n=n, slots=num, block_m=_BLOCK_M, block_n=_pow2(n, 16, 64),
                      block_k=_pow2(k, 16, 64), upcast=interp, add_at=col0)  # fmt: skip

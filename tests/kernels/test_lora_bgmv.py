@@ -14,9 +14,7 @@ from _helpers.tolerances import tol
 from pallas_kernels.lora_bgmv import (
     lora_bgmv,
     lora_bgmv_reference,
-    lora_expand,
     lora_expand_into,
-    lora_shrink,
 )
 
 BF16 = jnp.bfloat16
@@ -64,19 +62,6 @@ def test_unused_slot_is_never_read():
     none = lora_bgmv(x, w.at[0].set(jnp.nan), scale, jnp.full((13,), -1, jnp.int32),
                      interpret=True)  # fmt: skip
     assert (np.asarray(none) == 0).all()
-
-
-def test_shrink_then_expand():
-    """The LoRA pair: `scale * (x @ A^T) @ B^T` with A `[L, r, in]`, B `[L, out, r]`, the
-    shrink's output rounded to bf16 as `lora_xa` holds it."""
-    slots = jnp.asarray([2, 2, 2, 0, -1, 1, 1], jnp.int32)
-    x, a, _ = _draw(7, 32, 16, 3, seed=2)
-    _, b, scale = _draw(7, 16, 24, 3, seed=3)
-    xa = lora_shrink(x, a, slots, interpret=True).astype(BF16)
-    got = lora_expand(xa, b, scale, slots, interpret=True)
-    want_xa = lora_bgmv_reference(x, a, jnp.ones(3), slots).astype(BF16)
-    want = lora_bgmv_reference(want_xa, b, scale, slots)
-    np.testing.assert_allclose(got, want, **tol("lora", "float32"))
 
 
 def test_bad_arguments_are_named():

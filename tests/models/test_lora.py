@@ -147,7 +147,8 @@ def _write_safetensors(path, tensors: dict[str, np.ndarray]) -> None:
     header, offset, blobs = {}, 0, []
     for name, a in tensors.items():
         b = np.ascontiguousarray(a, np.float32).tobytes()
-        header[name] = {"dtype": "F32", "shape": list(a.shape), "data_offsets": [offset, offset + len(b)]}
+        header[name] = {"dtype": "F32", "shape": list(a.shape),
+                        "data_offsets": [offset, offset + len(b)]}  # fmt: skip
         offset += len(b)
         blobs.append(b)
     raw = json.dumps(header).encode()
@@ -157,7 +158,7 @@ def _write_safetensors(path, tensors: dict[str, np.ndarray]) -> None:
 def test_bad_adapters_are_named(lm, tmp_path):
     layout = lm.lora
     small = type(layout)(modules=layout.modules, max_loras=3, max_rank=4)
-    with pytest.raises(LoraError, match=r"has rank 8 > max_lora_rank=4; load the model with max_lora_rank >= 8"):
+    with pytest.raises(LoraError, match=r"rank 8 > max_lora_rank=4; load the model with max_"):
         read_adapter(LORA / "qwen3" / "all", small)
     pre = "base_model.model.model.layers.0"
     good = {f"{pre}.self_attn.q_proj.lora_A.weight": np.ones((2, 64)),

@@ -9,9 +9,10 @@ zeros). A step's tokens carry their slot in `StepContext.lora_slots` (-1: the ba
 (`pallas_kernels.lora_bgmv`), rounded as the seed's regions would hold them: the shrink
 output as `lora_xa` (bf16), the expand output as `lora_delta` (bf16, inside the kernel), the
 sum as the base output's region. The expand adds into the base output's buffer in place (on
-its column range of a fused output), so the path's only temp is the `[T, r]` shrink output. The base GEMM is untouched; the whole LoRA path sits in one `lax.cond` on
-"any token has a slot", so a step whose batch uses no adapter pays that reduction and the
-conditional only.
+its column range of a fused output), so the path's only temp is the `[T, r]` shrink output.
+The base GEMM is untouched; each projection group's LoRA path sits in one `lax.cond` on
+"any token has a slot": a step whose batch uses no adapter runs no LoRA kernel, but pays the
+conditionals and their pass-through copies (measured in jaxarena/models/README.md).
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ def _add(y: jax.Array, tab: dict[str, jax.Array], x: jax.Array, slots: jax.Array
 
 
 def lora_add(ys: Sequence[jax.Array], x: jax.Array, groups: Sequence[Sequence[Any]],
-             slots: jax.Array, *, interpret: bool | None = None) -> tuple[jax.Array, ...]:  # fmt: skip
+             slots: jax.Array, *,
+             interpret: bool | None = None) -> tuple[jax.Array, ...]:  # fmt: skip
     """Base outputs plus their LoRA deltas.
 
     Args:
