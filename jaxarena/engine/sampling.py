@@ -25,7 +25,9 @@ The order is vLLM's (its V0 sampler, which the V1 one keeps but for min-p, see b
 7. the draw: Gumbel-max, `argmax(logit + g)` with `g` standard Gumbel noise from the row's own
    key (`seed_key(seed)`) folded with the index of the token being drawn (`SlotParams.step`).
    A request's token depends only on (seed, step, its logits, its settings), never on the
-   other rows of the batch (a test shuffles them).
+   other rows of the batch (a test shuffles them). The noise comes from float32 uniforms in
+   [tiny, 1 - 2^-23], so it lies in [-4.5, 15.9]: a token more than 20.4 below the largest
+   processed logit (a probability under 1.4e-9) is never drawn.
 
 Logprobs (the chosen token's and the `num_top` most likely) are of the model's raw
 distribution, `log_softmax(logits)` before any of the steps above (vLLM's default

@@ -347,10 +347,11 @@ def test_greedy_is_the_argmax_of_the_penalized_logits():
 
 
 def test_a_request_does_not_depend_on_the_other_rows():
-    """Four requests (three sampled, one greedy), each with its seed and step, sit at other
-    rows among other requests in five batches (one all greedy but for them, one where the
-    greedy request is the only row that is not a default greedy one): their tokens and
-    logprobs are the same bits in every batch."""
+    """Four requests (one with top-k/top-p and a penalty, one plain temperature, one min-p
+    with a penalty, one greedy), each with its seed and step, sit at random rows among other
+    requests, in batches that take each `lax.cond` branch or skip it (all others idle greedy
+    rows, varied others, no row with top-k/top-p, no penalty either, all greedy): their tokens
+    and logprobs are the same bits in every batch, and no batch compiles `sample` again."""
     mine = [
         (
             _logits_bf16(90),
@@ -363,15 +364,18 @@ def test_a_request_does_not_depend_on_the_other_rows():
     ]
     seeds, steps = [2**62 + 3, 5, 77, 9], [3, 0, 41, 2]
     idle = (_logits_bf16(99), SamplingParams(temperature=0.0), NO_HISTORY)
+    trials = [  # (requests of `mine` in the batch, the other rows' requests)
+        ([0, 1, 2, 3], [idle] * ROWS),
+        ([0, 1, 2, 3], _random_rows(1, ROWS)),
+        ([0, 1, 2, 3], _random_rows(2, ROWS)),
+        ([1, 2, 3], [idle] * ROWS),  # no top-k/top-p: the sort is skipped
+        ([1, 3], [idle] * ROWS),  # no penalty either
+        ([3], [idle] * ROWS),  # all greedy, no penalties: logprobs and argmax only
+    ]
     rng = np.random.default_rng(0)
-    results = []
-    for trial in range(5):
-        if trial == 4:  # the greedy request alone: the all-greedy fast path
-            picked = [3]
-            others = [idle] * ROWS
-        else:
-            picked = [0, 1, 2, 3]
-            others = [idle] * ROWS if trial == 0 else _random_rows(trial, ROWS)
+    first: dict[int, tuple] = {}
+    compiled = None
+    for picked, others in trials:
         at = rng.permutation(ROWS)[: len(picked)]
         rows = list(others)
         row_seeds = list(rng.integers(0, 2**62, ROWS))
@@ -379,11 +383,12 @@ def test_a_request_does_not_depend_on_the_other_rows():
         for j, r in zip(picked, at, strict=True):
             rows[r], row_seeds[r], row_steps[r] = mine[j], seeds[j], steps[j]
         out = _small(rows, row_seeds, row_steps)
-        results.append({j: tuple(a[r] for a in out) for j, r in zip(picked, at, strict=True)})
-    for res in results[1:]:
-        for j, got in res.items():
-            for a, b in zip(got, results[0][j], strict=True):
-                np.testing.assert_array_equal(a, b)
+        compiled = compiled or _sample._cache_size()
+        assert _sample._cache_size() == compiled
+        for j, r in zip(picked, at, strict=True):
+            got = tuple(a[r] for a in out)
+            for a, b in zip(got, first.setdefault(j, got), strict=True):
+                np.testing.assert_array_equal(a, b, err_msg=f"request {j}, batch {picked}")
 
 
 def test_seed_and_step_choose_the_draw():
