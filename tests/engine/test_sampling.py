@@ -58,10 +58,21 @@ ALPHA = 1e-6
 MIN_EXPECTED = 20
 U = 2.0**-24
 
-_sample = jax.jit(sample, static_argnames="num_top")
+TRACES = {"sample": 0, "reset_row": 0}  # how often each jitted function was traced
+
+
+def _counted(fn):
+    def traced(*args, **kwargs):
+        TRACES[fn.__name__] += 1
+        return fn(*args, **kwargs)
+
+    return traced
+
+
+_sample = jax.jit(_counted(sample), static_argnames="num_top")
 _processed = jax.jit(processed_logits)
 _record = jax.jit(record_tokens)
-_reset = jax.jit(reset_row)
+_reset = jax.jit(_counted(reset_row))
 
 
 # -- the reference --------------------------------------------------------------------------
@@ -383,8 +394,8 @@ def test_a_request_does_not_depend_on_the_other_rows():
         for j, r in zip(picked, at, strict=True):
             rows[r], row_seeds[r], row_steps[r] = mine[j], seeds[j], steps[j]
         out = _small(rows, row_seeds, row_steps)
-        compiled = compiled or _sample._cache_size()
-        assert _sample._cache_size() == compiled
+        compiled = compiled or TRACES["sample"]
+        assert TRACES["sample"] == compiled
         for j, r in zip(picked, at, strict=True):
             got = tuple(a[r] for a in out)
             for a, b in zip(got, first.setdefault(j, got), strict=True):
@@ -449,6 +460,8 @@ def test_logprobs_are_the_raw_log_softmax_bf16():
 
 
 def test_record_tokens_adds_one_to_the_active_rows_cells():
+    """Active rows (four of them drawing the same id) gain one at their token; every other
+    cell, and the prompt mask, keeps its value."""
     rng = np.random.default_rng(3)
     counts = rng.integers(0, 5, (ROWS, V)).astype(np.int32)
     mask = rng.random((ROWS, V)) < 0.3
@@ -464,6 +477,8 @@ def test_record_tokens_adds_one_to_the_active_rows_cells():
 
 
 def test_reset_row_loads_one_row_with_one_executable():
+    """Three rows loaded in turn: each time exactly that row's mask and counts change, and the
+    row being a traced scalar, one trace serves all three."""
     rng = np.random.default_rng(4)
     pen = PenaltyState(jnp.asarray(rng.random((ROWS, V)) < 0.5),
                        jnp.asarray(rng.integers(0, 9, (ROWS, V)), jnp.int32))  # fmt: skip
@@ -475,12 +490,15 @@ def test_reset_row_loads_one_row_with_one_executable():
         want_mask[row], want_counts[row] = m, c
         np.testing.assert_array_equal(np.asarray(pen.prompt_mask), want_mask)
         np.testing.assert_array_equal(np.asarray(pen.output_counts), want_counts)
-    assert _reset._cache_size() == 1
+    assert TRACES["reset_row"] == 1
     empty = empty_penalty_state(3, V)
     assert not np.asarray(empty.prompt_mask).any() and not np.asarray(empty.output_counts).any()
 
 
 def test_slot_params_fills_rows_and_defaults():
+    """The entry's row holds its settings (top_k -1 as 0, the seed's key, its step); the
+    others are greedy without penalties; a row outside the batch or a negative step is
+    refused by name."""
     s = slot_params(4, {2: (SamplingParams(temperature=0.7, top_k=-1, top_p=0.5, min_p=0.1,
                                            repetition_penalty=1.1, presence_penalty=0.2,
                                            frequency_penalty=-0.3), 2**40 + 5, 9)})  # fmt: skip
@@ -501,6 +519,7 @@ def test_slot_params_fills_rows_and_defaults():
 
 
 def test_seed_key_is_the_64_bit_seed_split_in_two_words():
+    """(high word, low word) of the seed; seeds outside [0, 2**63) and non-integers refused."""
     assert seed_key(0).tolist() == [0, 0]
     assert seed_key(2**63 - 1).tolist() == [2**31 - 1, 2**32 - 1]
     assert seed_key(0x123456789).tolist() == [0x1, 0x23456789]
