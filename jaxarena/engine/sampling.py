@@ -26,8 +26,9 @@ The order is vLLM's (its V0 sampler, which the V1 one keeps but for min-p, see b
    key (`seed_key(seed)`) folded with the index of the token being drawn (`SlotParams.step`).
    A request's token depends only on (seed, step, its logits, its settings), never on the
    other rows of the batch (a test shuffles them). The noise comes from float32 uniforms in
-   [tiny, 1 - 2^-23], so it lies in [-4.5, 15.9]: a token more than 20.4 below the largest
-   processed logit (a probability under 1.4e-9) is never drawn.
+   [tiny, 1 - 2^-23] (`jax.random.gumbel`'s mode "low"), so it lies in [-4.5, 15.9]: a token
+   more than 20.4 below the largest processed logit (a probability under 1.4e-9) is never
+   drawn. Mode "high" would reach ~32 for twice the random bits.
 
 Logprobs (the chosen token's and the `num_top` most likely) are of the model's raw
 distribution, `log_softmax(logits)` before any of the steps above (vLLM's default
@@ -187,7 +188,7 @@ def slot_params(rows: int, entries: Mapping[int, tuple[SamplingParams, int, int]
         if not 0 <= step < 2**31:
             raise ValueError(f"entries[{row}] has step={step}; it must be in [0, 2**31)")
         out["temperature"][row] = params.temperature
-        out["top_k"][row] = max(params.top_k, 0)  # -1 and 0 both mean every token
+        out["top_k"][row] = min(max(params.top_k, 0), 2**31 - 1)  # -1 and 0: every token
         out["top_p"][row] = params.top_p
         out["min_p"][row] = params.min_p
         out["repetition_penalty"][row] = params.repetition_penalty
@@ -260,7 +261,8 @@ def processed_logits(logits: jax.Array, slots: SlotParams, pen: PenaltyState) ->
 def _gumbel(key_data: jax.Array, step: jax.Array, vocab: int) -> jax.Array:
     def one(kd, s):
         key = jax.random.fold_in(jax.random.wrap_key_data(kd, impl="threefry2x32"), s)
-        return jax.random.gumbel(key, (vocab,), jnp.float32)
+        # mode named: the default follows a config flag, which would change the stream
+        return jax.random.gumbel(key, (vocab,), jnp.float32, mode="low")
 
     return jax.vmap(one)(key_data, step)
 
