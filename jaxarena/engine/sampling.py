@@ -373,7 +373,9 @@ def reset_row(
     """Loads one row: a request entering slot `row` (i32 scalar, traced: one executable for
     every row), with its prompt's tokens (`prompt_ids_mask`, bool[V]) and the counts of its
     output so far (`output_counts`, i32[V]; zeros for a new request, the tokens generated
-    before a preemption for a resumed one). Other rows unchanged. Jittable; donate `pen`."""
+    before a preemption for a resumed one). Other rows unchanged. Jittable; donate `pen`.
+    `row` must be in [0, R): being traced, it cannot be checked here, and XLA clamps an index
+    outside the array to its first or last row."""
     row = jnp.asarray(row, jnp.int32)
     return PenaltyState(
         prompt_mask=lax.dynamic_update_index_in_dim(

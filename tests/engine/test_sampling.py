@@ -518,6 +518,19 @@ def test_slot_params_fills_rows_and_defaults():
         slot_params(4, {0: (SamplingParams(), 0, -1)})
 
 
+def test_sample_refuses_mismatched_shapes_by_name():
+    """Shapes are checked before anything is traced: each message names the argument."""
+    logits, slots, pen = _batch([CASES["temperature_1"]] * 2, [0, 1], [0, 0])
+    with pytest.raises(ValueError, match="logits.shape"):
+        sample(logits[0], slots, pen)
+    with pytest.raises(ValueError, match="num_top=25"):
+        sample(logits, slots, pen, num_top=V + 1)
+    with pytest.raises(ValueError, match="slots"):
+        sample(logits[:1], slots, pen)
+    with pytest.raises(ValueError, match="pen"):
+        sample(logits, slots, empty_penalty_state(2, V + 1))
+
+
 def test_seed_key_is_the_64_bit_seed_split_in_two_words():
     """(high word, low word) of the seed; seeds outside [0, 2**63) and non-integers refused."""
     assert seed_key(0).tolist() == [0, 0]
