@@ -15,14 +15,13 @@ ALPHA = 1e-6 with (bins - 1) degrees of freedom. A correct sampler fails a case 
 probability ~1e-6 (the 16 cases: ~2e-5 in all); the seeds are fixed, so a run is repeatable.
 `test_chi_square_has_power` shows the bound rejects a temperature of 0.5 drawn for 1.0.
 
-Float32 bound on the probabilities. The processed logit z = (x penalized) / T takes at most 4
-roundings (x/rep or x*rep, the two penalty subtractions, / T), each relative u = 2^-24, so
-|dz| <= 4u|z|; the sampler subtracts the row max (u) and exponentiates (XLA's f32 exp: a few
-ulp, counted 2u), so exp(z - m) is off by a relative (|z| + |m|) 4u + 3u, and the sum of V
-terms by that plus V u. A probability is then off by a relative u (8 Z + V + 8) with Z the
-largest |z|; the test checks |p - p_ref| <= p_ref u (8 Z + V + 8) (times 2: the reference's
-f64 is exact by comparison but the bound above counts each rounding once, not its
-propagation through the penalties' products).
+Float32 bound on the probabilities. The test takes the sampler's f32 processed logits z and
+does the softmax in float64, so only z's own error counts. z = (x penalized) / T takes at most
+6 roundings (x/rep or x*rep; freq*count and its subtraction; the presence subtraction; / T),
+each a relative u = 2^-24 of a value at most W = (max(rep, 1/rep)|x| + |freq| count + |pres|)
+/ T in size (times T before the division), so |dz| <= 6uW, W the row's largest. p_i is
+exp(z_i) over the sum of them: off by a relative |dz_i| + max|dz| <= 12uW. The test allows
+16uW.
 
 Logprob bound. The sampler computes x - lse in f32, lse = m + log(s), s = sum exp(x_i - m):
 each x_i - m rounds by u|x_i - m|, which exp turns into a relative error, each exp adds a few
@@ -294,8 +293,9 @@ def test_processed_logits_keep_exactly_the_reference_support():
         zi = z[i][got_support].astype(np.float64)
         got = np.exp(zi - zi.max())
         got /= got.sum()
-        big_z = np.abs(ref_penalized(x, prompt, counts, p) / p.temperature).max()
-        rtol = 2 * U * (8 * big_z + V + 8)
+        rep = max(p.repetition_penalty, 1 / p.repetition_penalty)
+        w = rep * np.abs(x) + abs(p.frequency_penalty) * counts + abs(p.presence_penalty)
+        rtol = 16 * U * (w / p.temperature).max()
         np.testing.assert_allclose(got, prob[got_support], rtol=rtol, atol=0, err_msg=name)
 
 
