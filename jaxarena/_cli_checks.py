@@ -97,11 +97,6 @@ def join_negative_values(argv: Sequence[str]) -> list[str]:
     return out
 
 
-def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
-    text = " ".join(str(message).split())
-    print(f"jaxarena: warning: {text}", file=sys.stderr)
-
-
 class _QuietPluginErrors(logging.Filter):
     """Drops the CUDA plugin's start-up traceback ("Jax plugin configuration error: ...
     Unable to load cuPTI / cuDNN") on a machine without a GPU: jax falls back to the CPU, and
@@ -123,8 +118,8 @@ def _no_gpu() -> bool:
 @contextlib.contextmanager
 def cli_output() -> Iterator[None]:
     """While a command runs: jaxarena's `ConfigWarning`s print as one `jaxarena: warning:`
-    line (others as Python prints them), and the CUDA plugin's start-up traceback is dropped
-    when there is no GPU."""
+    line each (others as Python prints them), and the CUDA plugin's start-up traceback is
+    dropped when there is no GPU."""
     quiet = _QuietPluginErrors()
     logger = logging.getLogger("jax._src.xla_bridge")
     logger.addFilter(quiet)
@@ -133,7 +128,7 @@ def cli_output() -> Iterator[None]:
 
         def show(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
             if issubclass(category, ConfigWarning):
-                _show_warning(message, category, filename, lineno)
+                print("jaxarena: warning: " + " ".join(str(message).split()), file=sys.stderr)
             else:
                 original(message, category, filename, lineno, file, line)
 

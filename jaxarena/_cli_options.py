@@ -38,7 +38,7 @@ def add_limits(
                        help="token rows of one forward pass (default %(default)s)")  # fmt: skip
     p.add_argument("--max-seq-len", type=int, default=None,
                    help=f"longest sequence, at most the model's max_position_embeddings "
-                   f"(default {DEFAULT_LIMITS['max_seq_len']})")  # fmt: skip
+                   f"(default {DEFAULT_LIMITS['max_seq_len']}, or that when shorter)")  # fmt: skip
     p.add_argument("--kv-block-size", type=int, default=DEFAULT_LIMITS["kv_block_size"],
                    help="paged-KV block size in tokens, a power of two; 0 = unpaged "
                    "(default %(default)s)")  # fmt: skip
@@ -101,8 +101,9 @@ def add_step_report_options(p: argparse.ArgumentParser) -> None:
                    "CPU (default %(default)s)")  # fmt: skip
     p.add_argument("--max-batch-tokens", type=int, default=DEFAULT_LIMITS["max_batch_tokens"],
                    help="prefill tokens (default %(default)s)")  # fmt: skip
-    p.add_argument("--max-seq-len", type=int, default=DEFAULT_LIMITS["max_seq_len"],
-                   help="longest sequence (default %(default)s)")  # fmt: skip
+    p.add_argument("--max-seq-len", type=int, default=None,
+                   help=f"longest sequence, at most the model's max_position_embeddings "
+                   f"(default {DEFAULT_LIMITS['max_seq_len']}, or that when shorter)")  # fmt: skip
     p.add_argument("--kv-block-size", type=int, default=DEFAULT_LIMITS["kv_block_size"],
                    help="paged-KV block size in tokens, a power of two (default %(default)s)")  # fmt: skip
     p.add_argument("--max-batch-size", type=int, default=DEFAULT_LIMITS["max_batch_size"],

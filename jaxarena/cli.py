@@ -114,12 +114,16 @@ def _model(args: argparse.Namespace):
     """The model of a `plan` / `budget` / `fit` command, its context checked against
     `--max-seq-len` (refused past it; a warning for the default or a RoPE-scaled model)."""
     config = _load_model(args.model)
-    given = args.max_seq_len is not None
-    if not given:
-        args.max_seq_len = DEFAULT_LIMITS["max_seq_len"]
-    what = ("" if given else "the default ") + f"--max-seq-len {args.max_seq_len:,}"
-    config.check_context(args.max_seq_len, what, CliError, given=given)
+    if args.max_seq_len is None:  # the default, within the model's context
+        args.max_seq_len = _default_seq_len(config)
+    else:
+        config.check_context(args.max_seq_len, f"--max-seq-len {args.max_seq_len:,}", CliError)
     return config
+
+
+def _default_seq_len(config) -> int:
+    """`--max-seq-len`'s default: 32,768, or the model's context when that is shorter."""
+    return min(DEFAULT_LIMITS["max_seq_len"], config.max_position_embeddings or 1 << 62)
 
 
 def _exists(path: str) -> bool:
@@ -419,6 +423,10 @@ def cmd_step_report(args: argparse.Namespace) -> int:
     from jaxarena.step_report import run_step_report
 
     args.target = STEP_REPORT_TARGETS[args.target.lower()]  # hopper / h100 -> h200's sm_90a
+    if args.model in presets() or _exists(args.model):  # else step_report names what is missing
+        _model(args)  # the default within, or a check against, the model's context
+    elif args.max_seq_len is None:
+        args.max_seq_len = DEFAULT_LIMITS["max_seq_len"]
     return run_step_report(args, CliError)
 
 
@@ -572,6 +580,9 @@ def _check_args(args: argparse.Namespace) -> None:
                 f"--{dest.replace('_', '-')} {shown} is beyond 2^62; no count is that large"
             )
     check_kv_block_size(args, CliError)
+    for flag in ("memory", "reserve"):  # before the model is read (and warned about)
+        if getattr(args, flag, None) is not None:
+            memory_option(getattr(args, flag), f"--{flag}", CliError, zero=flag == "reserve")
     if getattr(args, "plot", None):
         from jaxarena._figure import pyplot
 

@@ -305,37 +305,31 @@ class ModelConfig:
         return dataclasses.replace(self, **changes)
 
     def check_context(
-        self, tokens: int, what: str, error: type[Exception] = ConfigError, *,
-        given: bool = True,
-    ) -> None:  # fmt: skip
+        self, tokens: int, what: str, error: type[Exception] = ConfigError
+    ) -> None:
         """Checks a sequence length against the model's context (`max_position_embeddings`).
 
         Args:
           tokens: the sequence length asked for (a `max_seq_len`, a prompt + new tokens).
           what: how the message names it (`"--max-seq-len 1,000,000"`).
           error: the exception type raised (the CLI passes its one-line error).
-          given: False for a default the user did not choose: then past the context is a
-            warning, not an error (the sizes are still the default's).
 
         Raises:
           error: `tokens` past the context of a config without RoPE scaling.
 
         Warns:
           ConfigWarning: past the context of a config with RoPE scaling (how a model serves
-          past it), or a default past it. Nothing when the config states no context.
+          past it). Nothing when the config states no context.
         """
         context = self.max_position_embeddings
         if not context or tokens <= context:
             return
         text = (f"{what} is past the model's context: max_position_embeddings={context:,} in "
                 f"{self.source or 'the config'}")  # fmt: skip
-        if not given:
-            note = f"sized for it anyway; pass --max-seq-len {context} to size for the model"
-        elif self.rope_scaled:
-            note = "its RoPE scaling may extend it (the sizes hold; the quality is the scaling's)"
-        else:
+        if not self.rope_scaled:
             raise error(f"{text}; lower it to at most {context:,}")
-        warnings.warn(f"{text}; {note}", ConfigWarning, stacklevel=2)
+        warnings.warn(f"{text}; its RoPE scaling may extend it (the sizes hold; the quality is "
+                      "the scaling's)", ConfigWarning, stacklevel=2)  # fmt: skip
 
     # -- derived quantities of the seed (spec §11) --------------------------------------------
 

@@ -48,12 +48,13 @@ def run_generate(args: argparse.Namespace, error: type[Exception] = ValueError) 
     tokens = args.max_batch_tokens or sum(len(p) for p in prompts) + batch + 1 - len(prompts)
     seq = args.max_seq_len or -(-longest // block) * block
     # Before the load (seconds): the model's context bounds every sequence it runs.
-    root = Path(args.path)
-    config = ModelConfig.from_hf(root / "config.json" if root.is_dir() else root)
-    if args.max_seq_len:
-        config.check_context(seq, f"--max-seq-len {seq:,}", error)
-    config.check_context(longest, f"the longest prompt + --max-new-tokens = {longest:,} tokens",
-                         error)  # fmt: skip
+    config_file = Path(args.path) / "config.json"
+    if config_file.is_file():  # else load_pretrained says what is missing
+        config = ModelConfig.from_hf(config_file)
+        if args.max_seq_len:
+            config.check_context(seq, f"--max-seq-len {seq:,}", error)
+        config.check_context(longest, f"the longest prompt + --max-new-tokens = {longest:,} "
+                             "tokens", error)  # fmt: skip
     with _Progress(f"{len(prompts)} x {args.max_new_tokens} new tokens"):
         lm = load_pretrained(args.path, max_batch_tokens=tokens, max_seq_len=seq,
                              kv_block_size=block, max_batch_size=batch,
