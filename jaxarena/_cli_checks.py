@@ -1,8 +1,9 @@
 """Checks and output habits every `jaxarena` subcommand shares: the KV block size the kernels
-accept, the model's context length, memory sizes with a unit, negative option values, one-line
-warnings, a closed stdout pipe, and the CUDA plugin's start-up noise on a machine without a GPU.
+accept, memory sizes with a unit, negative option values, one-line warnings, a closed stdout
+pipe, the CUDA plugin's start-up noise on a machine without a GPU, the version, and why
+`--target auto` fell back to gb10. (The model's context is `ModelConfig.check_context`.)
 
-Imports no jax: `plan`, `budget` and `fit` use all of it.
+Imports no jax at module level: `plan`, `budget` and `fit` use it.
 """
 
 from __future__ import annotations

@@ -216,7 +216,13 @@ class MemoryBudget:
 
     @functools.cached_property
     def state_bytes_per_sequence(self) -> int:
-        """Fixed per-sequence bytes on this device (SSM/GDN states, sliding-window KV)."""
+        """Fixed per-sequence bytes on this device (SSM/GDN states, sliding-window KV).
+
+        Sliding-window layers (Gemma's, gpt-oss's, and every layer of a Mistral / Mixtral
+        config with a `sliding_window`, as `ModelConfig.layer_types` lists them) count the
+        KV the model reads and keeps, capped at the window: the model's semantics, not the
+        pages an engine allocates (the models share one block table across layers, so they
+        do not recycle window pages yet; a page pool adds that figure of its own)."""
         return state_bytes_per_sequence(
             self.config, max_seq_len=self.max_seq_len, kv_block_size=self.kv_block_size,
             kv_dtype=self.kv_dtype, state_dtype=self.state_dtype, tp=self.tp, ep=self.ep,
