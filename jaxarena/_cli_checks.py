@@ -16,7 +16,6 @@ import re
 import sys
 import warnings
 from collections.abc import Iterator, Sequence
-from typing import Any
 
 from jaxarena._errors import ConfigWarning
 from jaxarena._units import is_pow2, parse_memory

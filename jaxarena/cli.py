@@ -32,7 +32,7 @@ from jaxarena import (
     ModelConfig,
     Target,
     packing_report,
-    parse_memory,
+    parse_memory,  # noqa: F401 - re-exported: `from jaxarena.cli import parse_memory`
     presets,
 )
 from jaxarena._arena.report import plot_plan
