@@ -79,7 +79,10 @@ def check_needed(obj: Obj, kw: dict[str, Any], model_type: str, *, generic: bool
         need("intermediate_size", "the MLP width of every layer")
         return
     need("moe_intermediate_size", "the routed experts' FFN width", ("intermediate_size",))
-    if "dense" in kw.get("ffn_layer_types", ()):
+    # Qwen3.5/3.6-MoE run experts in every layer whatever `mlp_only_layers` lists (the models'
+    # rule), so their dense-layer width is never needed.
+    qwen3_5 = model_type.startswith(("qwen3_5", "qwen3_6"))
+    if "dense" in kw.get("ffn_layer_types", ()) and not qwen3_5:
         need("intermediate_size", "the MLP width of the dense layers")
 
 
