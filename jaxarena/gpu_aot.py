@@ -177,7 +177,8 @@ def gpu_device(target: str = "h200") -> Any:
     if module_name is None:
         raise GpuUnavailable(
             "the CUDA PJRT plugin is not installed (no jax_plugins.xla_cuda13 or xla_cuda12); "
-            f'install it at jaxlib\'s version: pip install "jax[cuda13-local]=={jax.__version__}"'
+            'install the deviceless-report extra: pip install "jaxarena[gpu-aot]" (that is '
+            f'jax[cuda13-local], which must match jaxlib {jax.__version__})'
         )
     try:
         return make()

@@ -234,6 +234,7 @@ def abstract_model(
     try:
         family = family_for(raw.get("model_type"), source.path)
         arch = family.arch(raw.get("model_type"), raw, cfg, source.path, max_seq_len)
+        fp8_spec(raw, source.path)  # here, so an unsupported quantization names the right file
     except NotImplementedError as e:
         if source.checkpoint is not None or not cfg.source:
             raise

@@ -142,7 +142,7 @@ def test_json_schema_and_text(capsys, tmp_path):
         (["tiny-hybrid", "--target", "v100"], "invalid choice: 'v100'"),
         (["gpt-oss-20b", "--target", "cpu"], "MXFP4 expert weights"),
         (["tiny-hybrid", "--target", "cpu", "--max-batch-tokens", "0"], "max_batch_tokens=0"),
-        (["tiny-hybrid", "--target", "cpu", "--kv-block-size", "0"], "kv_block_size=0"),
+        (["tiny-hybrid", "--target", "cpu", "--kv-block-size", "0"], "--kv-block-size 0 must be a power of two"),
         (["no-such-model", "--target", "cpu"], "no preset, config.json or checkpoint"),
     ],
 )
