@@ -1,0 +1,31 @@
+"""Shared by the server tests: the fixture checkpoint, a server in a thread, the official
+`openai` client on it, and the metric reader."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import httpx
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "serve" / "qwen3"
+
+
+def client_for(url: str):
+    """The official OpenAI client on the server (no retries: a failure shows at once)."""
+    import openai
+
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def metric(url: str, name: str) -> float:
+    """One sample of `/metrics` (a metric without labels)."""
+    text = httpx.get(f"{url}/metrics").text
+    m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+    assert m, f"{name} not in /metrics:\n{text}"
+    return float(m.group(1))
+
+
+def sse_chunks(lines) -> list[str]:
+    """The `data:` payloads of a server-sent-event stream, `[DONE]` included."""
+    return [line[len("data: ") :] for line in lines if line.startswith("data: ")]
