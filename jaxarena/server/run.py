@@ -18,7 +18,7 @@ import uvicorn
 from jaxarena.server.app import create_app
 from jaxarena.server.tokenizer import ServerTokenizer
 
-__all__ = ["DRAIN_SECONDS", "ThreadedServer", "bind", "serve", "start_in_thread"]
+__all__ = ["DRAIN_SECONDS", "ThreadedServer", "bind", "load_engine", "serve", "start_in_thread"]
 
 DRAIN_SECONDS = 30.0
 """At SIGTERM / Ctrl-C, how long running requests may take to finish before they are cut."""
@@ -64,37 +64,50 @@ def _uvicorn_config(app: Any) -> uvicorn.Config:
                           timeout_graceful_shutdown=int(DRAIN_SECONDS))  # fmt: skip
 
 
+def load_engine(args: argparse.Namespace, memory: int | None, log: Callable[[str], None]):
+    """The `AsyncEngine` of `jaxarena serve`'s options: `Engine.from_pretrained` loads the
+    checkpoint, sizes the page pool and compiles every executable, logging each stage."""
+    from jaxarena.engine.async_engine import AsyncEngine
+    from jaxarena.engine.engine import Engine
+
+    engine = Engine.from_pretrained(
+        args.path, max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len,
+        max_batch_tokens=args.max_batch_tokens, kv_block_size=args.kv_block_size,
+        memory=memory, kv_pages=args.kv_pages, target=args.target, log=log,
+    )  # fmt: skip
+    return AsyncEngine(engine)
+
+
 def serve(args: argparse.Namespace, error: type[Exception] = RuntimeError,
-          log: Callable[[str], None] = print) -> int:  # fmt: skip
+          log: Callable[[str], None] = print, engine_factory: Callable | None = None) -> int:  # fmt: skip
     """`jaxarena serve PATH ...`: binds host:port (a taken port fails before any loading),
     reads the tokenizer, loads the checkpoint and compiles the engine (progress lines via
     `log`), serves until SIGTERM or Ctrl-C, then stops admitting, lets running requests
     finish (at most `DRAIN_SECONDS`) and returns 0. A failure to start raises `error` with
-    one line."""
+    one line. `engine_factory(args, memory, log)` replaces `load_engine` (tests)."""
     from jaxarena import parse_memory
 
     try:
         tokenizer = ServerTokenizer.from_dir(args.path)
     except (OSError, ValueError) as e:
         raise error(f"{args.path}: cannot read the tokenizer: {e}") from None
-    memory = parse_memory(args.memory) if args.memory else None
+    try:
+        memory = parse_memory(args.memory) if args.memory else None
+    except ValueError as e:
+        raise error(f"--memory {args.memory!r}: {e}") from None
     try:
         sock = bind(args.host, args.port)
     except OSError as e:
         raise error(str(e)) from None
     try:
         log(f"jaxarena serve: loading {args.path}")
-        from jaxarena.engine.async_engine import AsyncEngine
-        from jaxarena.engine.engine import Engine
-
         t0 = time.monotonic()
-        engine = Engine.from_pretrained(
-            args.path, max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len,
-            max_batch_tokens=args.max_batch_tokens, kv_block_size=args.kv_block_size,
-            memory=memory, kv_pages=args.kv_pages, target=args.target, log=log,
-        )  # fmt: skip
+        try:
+            engine = (engine_factory or load_engine)(args, memory, log)
+        except ValueError as e:  # a limit the checkpoint or the device refuses
+            raise error(f"cannot start: {e}") from None
         log(f"jaxarena serve: ready in {time.monotonic() - t0:.1f} s")
-        app = create_app(AsyncEngine(engine), tokenizer,
+        app = create_app(engine, tokenizer,
                          model_name=args.served_model_name or args.path,
                          shutdown_timeout=DRAIN_SECONDS)  # fmt: skip
         state = app.state.server

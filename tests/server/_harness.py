@@ -6,8 +6,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import httpx
-
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "serve" / "qwen3"
 
 
@@ -20,6 +18,8 @@ def client_for(url: str):
 
 def metric(url: str, name: str) -> float:
     """One sample of `/metrics` (a metric without labels)."""
+    import httpx
+
     text = httpx.get(f"{url}/metrics").text
     m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
     assert m, f"{name} not in /metrics:\n{text}"
