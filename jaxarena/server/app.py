@@ -237,7 +237,8 @@ def _check_length(state: ServerState, ids: Sequence[int], param: str) -> None:
         raise RequestError(f"{param} is empty (no tokens)", param)
     if len(ids) >= state.max_seq_len:
         raise RequestError(f"{param} has {len(ids)} tokens; the model's max_seq_len is "
-                           f"{state.max_seq_len} (prompt + at least one new token)", param)  # fmt: skip
+                           f"{state.max_seq_len} (prompt + at least one new token)",
+                           param)  # fmt: skip
 
 
 def _prompt_ids(state: ServerState, prompt: str | list[int], param: str) -> list[int]:

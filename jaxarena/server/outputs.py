@@ -136,7 +136,7 @@ async def merge(runs: Sequence[ChoiceRun]) -> AsyncIterator[Piece]:
         try:
             async for piece in run.pieces():
                 await queue.put(piece)
-        except BaseException as e:  # handed to the consumer, which raises it
+        except Exception as e:  # handed to the consumer, which raises it
             await queue.put(e)
             return
         await queue.put(done)

@@ -79,7 +79,8 @@ def load_engine(args: argparse.Namespace, memory: int | None, log: Callable[[str
 
 
 def serve(args: argparse.Namespace, error: type[Exception] = RuntimeError,
-          log: Callable[[str], None] = print, engine_factory: Callable | None = None) -> int:  # fmt: skip
+          log: Callable[[str], None] = print,
+          engine_factory: Callable | None = None) -> int:  # fmt: skip
     """`jaxarena serve PATH ...`: binds host:port (a taken port fails before any loading),
     reads the tokenizer, loads the checkpoint and compiles the engine (progress lines via
     `log`), serves until SIGTERM or Ctrl-C, then stops admitting, lets running requests

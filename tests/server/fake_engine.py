@@ -37,7 +37,8 @@ class FakeEngine:
     def __init__(self, *, max_batch_size=4, max_seq_len=128, vocab_size=256, kv_block_size=16,
                  kv_pages=64):  # fmt: skip
         self.config, self.model_type = None, "fake"
-        self.max_batch_size, self.max_seq_len, self.vocab_size = max_batch_size, max_seq_len, vocab_size
+        self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
+        self.vocab_size = vocab_size
         self.kv_block_size, self.kv_pages = kv_block_size, kv_pages
         self.eos_token_ids = frozenset({EOS})
         self._ids = itertools.count()
@@ -56,7 +57,8 @@ class FakeEngine:
         with self._lock:
             return {"kv_pages_total": self.kv_pages,
                     "kv_pages_in_use": sum(self._pages(self._reqs[i]) for i in self._running),
-                    "requests_running": len(self._running), "requests_waiting": len(self._waiting)}  # fmt: skip
+                    "requests_running": len(self._running),
+                    "requests_waiting": len(self._waiting)}  # fmt: skip
 
     def add_request(self, prompt_ids, params: SamplingParams, request_id=None) -> str:
         if not prompt_ids:

@@ -1,0 +1,132 @@
+"""`jaxarena serve` on the real engine (issue #37) and the fixture checkpoint with its tokenizer
+(tests/fixtures/serve/qwen3), through the official `openai` client: greedy text is the
+engine's offline tokens decoded, streamed equals non-streamed, a seed reproduces, more clients
+than the batch are all served, a disconnect frees its pages, and the pool is empty after.
+One engine and one server for the module (the engine compiles once)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("jaxarena.engine.async_engine", reason="the engine (issue #37) is not here")
+
+from _harness import FIXTURE, client_for, metric  # noqa: E402
+
+from jaxarena.engine import SamplingParams  # noqa: E402
+from jaxarena.server.app import create_app  # noqa: E402
+from jaxarena.server.run import start_in_thread  # noqa: E402
+from jaxarena.server.tokenizer import ServerTokenizer  # noqa: E402
+
+MODEL = "qwen3-fixture"
+MAX_BATCH = 2
+PROMPTS = ["Hello world", "The quick brown fox", "What is the capital of France?",
+           "Numbers: 1 2 3", "café 日本"]  # fmt: skip
+NEW = 6
+
+
+def _token_ids(result) -> list[int]:
+    """An offline `generate` result's new token ids (a list, or an object holding them)."""
+    for name in ("token_ids", "output_ids", "tokens"):
+        if hasattr(result, name):
+            return list(getattr(result, name))
+    return list(result)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return ServerTokenizer.from_dir(FIXTURE)
+
+
+@pytest.fixture(scope="module")
+def setup(tok):
+    from jaxarena.engine.async_engine import AsyncEngine
+    from jaxarena.engine.engine import Engine
+
+    engine = Engine.from_pretrained(str(FIXTURE), max_batch_size=MAX_BATCH, max_seq_len=64,
+                                    max_batch_tokens=32, kv_block_size=16, kv_pages=24,
+                                    log=lambda s: None)  # fmt: skip
+    greedy = SamplingParams(max_tokens=NEW, temperature=0, ignore_eos=True)
+    # The offline reference, one prompt at a time (the served ones run batched).
+    expected = {p: _token_ids(engine.generate([tok.encode(p)], greedy)[0]) for p in PROMPTS}
+    srv = start_in_thread(create_app(AsyncEngine(engine), tok, model_name=MODEL))
+    yield srv, expected
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def client(setup):
+    return client_for(setup[0].url)
+
+
+def test_greedy_completion_is_the_engines_tokens(setup, client, tok):
+    _, expected = setup
+    for p in PROMPTS[:2]:
+        r = client.completions.create(model=MODEL, prompt=p, max_tokens=NEW, temperature=0,
+                                      extra_body={"ignore_eos": True})  # fmt: skip
+        assert r.choices[0].text == tok.decode(expected[p]), p
+        assert r.usage.completion_tokens == NEW and r.usage.prompt_tokens == len(tok.encode(p))
+        s = client.completions.create(model=MODEL, prompt=p, max_tokens=NEW, temperature=0,
+                                      stream=True, extra_body={"ignore_eos": True})  # fmt: skip
+        assert "".join(c.choices[0].text for c in s) == r.choices[0].text
+
+
+def test_greedy_is_causal_lm_generate(setup, tok):
+    from jaxarena.models import load_pretrained
+
+    _, expected = setup
+    lm = load_pretrained(str(FIXTURE), max_batch_tokens=32, max_seq_len=64, max_batch_size=1)
+    out = lm.generate([tok.encode(PROMPTS[0])], NEW)
+    assert [int(t) for t in list(out[0])[-NEW:]] == expected[PROMPTS[0]]
+
+
+def test_chat_streamed_equals_non_streamed(client):
+    kw = dict(model=MODEL, messages=[{"role": "user", "content": "hello"}], max_tokens=5,
+              temperature=0)  # fmt: skip
+    full = client.chat.completions.create(**kw).choices[0].message.content
+    chunks = list(client.chat.completions.create(**kw, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == full
+
+
+def test_seed_reproducible(client):
+    kw = dict(model=MODEL, prompt="Hello", max_tokens=8, temperature=1.0,
+              extra_body={"ignore_eos": True})  # fmt: skip
+    a = client.completions.create(**kw, seed=7).choices[0].text
+    assert client.completions.create(**kw, seed=7).choices[0].text == a
+
+
+def test_more_clients_than_the_batch(setup, client, tok):
+    _, expected = setup
+
+    def one(p):
+        return client.completions.create(model=MODEL, prompt=p, max_tokens=NEW, temperature=0,
+                                         extra_body={"ignore_eos": True})  # fmt: skip
+
+    with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
+        results = list(pool.map(one, PROMPTS))
+    assert len(PROMPTS) > MAX_BATCH
+    for p, r in zip(PROMPTS, results, strict=True):
+        assert r.choices[0].text == tok.decode(expected[p]), p
+
+
+def test_disconnect_frees_pages_and_pool_is_empty_after(setup):
+    srv, _ = setup
+    body = {"model": MODEL, "prompt": "Hello", "max_tokens": 50, "temperature": 0,
+            "stream": True, "ignore_eos": True}  # fmt: skip
+    with httpx.Client(base_url=srv.url, timeout=60) as http:
+        with http.stream("POST", "/v1/completions", json=body) as r:
+            lines = r.iter_lines()
+            next(lines)
+            assert metric(srv.url, "jaxarena_kv_pages_in_use") > 0
+    deadline = time.monotonic() + 30
+    while metric(srv.url, "jaxarena_kv_pages_in_use") != 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert metric(srv.url, "jaxarena_kv_pages_in_use") == 0
+    assert metric(srv.url, "jaxarena_requests_running") == 0
+    assert metric(srv.url, "jaxarena_kv_pages_total") == 24
