@@ -123,6 +123,8 @@ def serve(args: argparse.Namespace, error: type[Exception] = RuntimeError,
             " (OpenAI API at /v1, /health, /metrics)")  # fmt: skip
         sys.stdout.flush()
         server.run(sockets=[sock])
+        if not server.started:  # the app's start-up failed; uvicorn logged why
+            raise error("the server did not start (see the lines above)")
     finally:
         sock.close()
     log("jaxarena serve: stopped")

@@ -99,6 +99,8 @@ def test_sigterm_drains_and_exits_0():
         got: list[str] = []
         verdict: list[str] = []
         with httpx.Client(base_url=url, timeout=30) as http:
+            # The model's name defaults to PATH as given.
+            assert http.get("/v1/models").json()["data"][0]["id"] == str(FIXTURE)
             with http.stream("POST", "/v1/completions", json=body) as r:
                 it = r.iter_lines()
                 got.append(next(it))
