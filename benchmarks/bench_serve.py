@@ -6,11 +6,12 @@ with another's tokens, and prints throughput and latency percentiles.
     python benchmarks/bench_serve.py --engine real        # the engine on the fixture checkpoint
     python benchmarks/bench_serve.py --clients 64 --requests 400 --json
 
-Every request is greedy with `ignore_eos`, `logprobs=0` and token-id prompts unique to it. A
+Every request is greedy with `ignore_eos`, `logprobs=2` and token-id prompts unique to it. A
 request is "mixed" when its streamed tokens (read from the logprobs) are not the ones the
 engine gives its prompt alone: the fake engine's token function, or for the real engine a
-replay of a sample of requests one at a time after the load (`--replay`). Bounded: every
-request has a timeout and the whole run a deadline (`--deadline`).
+replay of a sample of requests one at a time after the load (`--replay`), where a token on
+the other side of a near-tie (within TIE_NATS of the replay's top token) counts as a tie.
+Bounded: every request has a timeout and the whole run a deadline (`--deadline`).
 """
 
 from __future__ import annotations
@@ -60,14 +61,14 @@ def _requests(args: argparse.Namespace, vocab: int) -> list[dict]:
         # A tag of two ids makes every prompt distinct; the rest random (no special ids 0..2).
         prompt = [3 + i % 200, 3 + i // 200] + [rng.randrange(3, vocab) for _ in range(n - 1)]
         reqs.append({"prompt": prompt, "max_tokens": rng.randint(1, args.max_output),
-                     "temperature": 0, "ignore_eos": True, "logprobs": 0, "stream": True,
+                     "temperature": 0, "ignore_eos": True, "logprobs": 2, "stream": True,
                      "stream_options": {"include_usage": True}})  # fmt: skip
     return reqs
 
 
 async def _one(http: httpx.AsyncClient, body: dict, timeout: float) -> dict:
     t0 = time.perf_counter()
-    stamps, tokens, text, finish, usage, ids = [], [], "", None, None, set()
+    stamps, tokens, tops, text, finish, usage, ids = [], [], [], "", None, None, set()
     async with http.stream("POST", "/v1/completions", json=body, timeout=timeout) as r:
         if r.status_code != 200:
             return {"error": f"HTTP {r.status_code}: {await r.aread()}"}
@@ -83,10 +84,11 @@ async def _one(http: httpx.AsyncClient, body: dict, timeout: float) -> dict:
                 if n:
                     stamps += [time.perf_counter()] * n
                     tokens += c["logprobs"]["tokens"]
+                    tops += c["logprobs"]["top_logprobs"]
                 text += c["text"]
                 finish = c["finish_reason"] or finish
     return {"t0": t0, "end": time.perf_counter(), "stamps": stamps, "tokens": tokens,
-            "text": text, "finish": finish, "usage": usage, "ids": ids}  # fmt: skip
+            "tops": tops, "text": text, "finish": finish, "usage": usage, "ids": ids}  # fmt: skip
 
 
 async def _load(url: str, reqs: list[dict], clients: int, deadline: float) -> list[dict | None]:
@@ -107,6 +109,15 @@ async def _load(url: str, reqs: list[dict], clients: int, deadline: float) -> li
     async with httpx.AsyncClient(base_url=url, limits=limits) as http:
         await asyncio.wait_for(asyncio.gather(*(client(http) for _ in range(clients))), deadline)
     return results
+
+
+TIE_NATS = 0.1
+
+
+def _near_tie(loaded: dict, alone: dict) -> bool:
+    k = next(k for k, (a, b) in enumerate(zip(loaded["tokens"], alone["tokens"])) if a != b)
+    top = alone["tops"][k]
+    return loaded["tokens"][k] in top and max(top.values()) - top[loaded["tokens"][k]] < TIE_NATS
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -141,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         results = asyncio.run(_load(srv.url, reqs, args.clients, args.deadline))
         wall = time.perf_counter() - t0
         expected: dict[int, list[str]] = {}
+        replays: dict[int, dict] = {}
         if args.engine == "fake":
             from fake_engine import FakeEngine
 
@@ -149,8 +161,8 @@ def main(argv: list[str] | None = None) -> int:
                                for k in range(r["max_tokens"])]  # fmt: skip
         else:
             for i in random.Random(1).sample(range(len(reqs)), min(args.replay, len(reqs))):
-                alone = asyncio.run(_load(srv.url, [reqs[i]], 1, args.deadline))[0]
-                expected[i] = alone.get("tokens", [])
+                replays[i] = asyncio.run(_load(srv.url, [reqs[i]], 1, args.deadline))[0]
+                expected[i] = replays[i].get("tokens", [])
         pages = httpx.get(f"{srv.url}/metrics").text
     finally:
         srv.stop()
@@ -160,8 +172,13 @@ def main(argv: list[str] | None = None) -> int:
     ok = [r for r in results if r is not None and "error" not in r]
     all_ids = [next(iter(r["ids"])) for r in ok if len(r["ids"]) == 1]
     duplicated = len(all_ids) - len(set(all_ids)) + sum(len(r["ids"]) != 1 for r in ok)
-    mixed = [i for i, toks in expected.items()
-             if results[i] and "tokens" in results[i] and results[i]["tokens"] != toks]  # fmt: skip
+    differ = [i for i, toks in expected.items() if results[i] and "tokens" in results[i]
+              and results[i]["tokens"] != toks]  # fmt: skip
+    # Real engine: a replay alone may pick the other side of a bf16 near-tie (the batch's
+    # make-up changes the executable); that is a near-tie, not mixing, when at the first
+    # differing token the loaded run's token is in the replay's top 2 within TIE_NATS.
+    ties = [i for i in differ if i in replays and _near_tie(results[i], replays[i])]
+    mixed = [i for i in differ if i not in ties]
     in_use = [line for line in pages.splitlines() if line.startswith("jaxarena_kv_pages_in_use ")]
     ttft = [r["stamps"][0] - r["t0"] for r in ok if r["stamps"]]
     itl = [b - a for r in ok for a, b in zip(r["stamps"], r["stamps"][1:]) if b > a]
@@ -170,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "engine": args.engine, "clients": args.clients, "requests": len(reqs),
         "completed": len(ok), "lost": len(lost), "duplicated": duplicated,
-        "mixed": len(mixed), "checked_for_mixing": len(expected), "wall_s": round(wall, 3),
+        "mixed": len(mixed), "checked_for_mixing": len(expected), "near_ties": len(ties),
+        "wall_s": round(wall, 3),
         "requests_per_s": round(len(ok) / wall, 2), "output_tokens_per_s": round(gen / wall, 1),
         "ttft_ms": {q: round(1e3 * _pct(ttft, q), 2) for q in (50, 90, 99)},
         "itl_ms": {q: round(1e3 * _pct(itl, q), 2) for q in (50, 90, 99)},

@@ -1,6 +1,7 @@
 """`jaxarena serve` on the real engine (issue #37) and the fixture checkpoint with its tokenizer
 (tests/fixtures/serve/qwen3), through the official `openai` client: greedy text is the
-engine's offline tokens decoded, streamed equals non-streamed, a seed reproduces, more clients
+engine's offline tokens decoded (the engine's own tests hold those equal to
+`CausalLM.generate`'s), streamed equals non-streamed, a seed reproduces, more clients
 than the batch are all served, a disconnect frees its pages, and the pool is empty after.
 One engine and one server for the module (the engine compiles once)."""
 
@@ -26,9 +27,13 @@ from jaxarena.server.tokenizer import ServerTokenizer  # noqa: E402
 
 MODEL = "qwen3-fixture"
 MAX_BATCH = 2
-PROMPTS = ["Hello world", "The quick brown fox", "What is the capital of France?",
-           "Numbers: 1 2 3", "café 日本"]  # fmt: skip
-NEW = 6
+# The fixture's random weights give bf16 logits whose top two are often one or two ulps apart
+# (0.03 at |logit| ~ 4), and such a near-tie can go either way with the batch's make-up (a
+# request decoded beside another, or prefilled in a mixed step, runs a different executable).
+# These prompts' first NEW greedy tokens win by >= 0.22 (7 ulps; CausalLM.prefill_logits),
+# so the served tokens must equal the offline ones whatever runs beside them.
+PROMPTS = ["Numbers: 1 2 3", "日本語 🙂", "Some words", "Stop here."]
+NEW = 4
 
 
 def _token_ids(result) -> list[int]:
@@ -77,15 +82,6 @@ def test_greedy_completion_is_the_engines_tokens(setup, client, tok):
         assert "".join(c.choices[0].text for c in s) == r.choices[0].text
 
 
-def test_greedy_is_causal_lm_generate(setup, tok):
-    from jaxarena.models import load_pretrained
-
-    _, expected = setup
-    lm = load_pretrained(str(FIXTURE), max_batch_tokens=32, max_seq_len=64, max_batch_size=1)
-    out = lm.generate([tok.encode(PROMPTS[0])], NEW)
-    assert [int(t) for t in list(out[0])[-NEW:]] == expected[PROMPTS[0]]
-
-
 def test_chat_streamed_equals_non_streamed(client):
     kw = dict(model=MODEL, messages=[{"role": "user", "content": "hello"}], max_tokens=5,
               temperature=0)  # fmt: skip
@@ -108,10 +104,10 @@ def test_more_clients_than_the_batch(setup, client, tok):
         return client.completions.create(model=MODEL, prompt=p, max_tokens=NEW, temperature=0,
                                          extra_body={"ignore_eos": True})  # fmt: skip
 
-    with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
-        results = list(pool.map(one, PROMPTS))
-    assert len(PROMPTS) > MAX_BATCH
-    for p, r in zip(PROMPTS, results, strict=True):
+    prompts = PROMPTS * 2  # 8 clients, 2 slots
+    with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+        results = list(pool.map(one, prompts))
+    for p, r in zip(prompts, results, strict=True):
         assert r.choices[0].text == tok.decode(expected[p]), p
 
 
