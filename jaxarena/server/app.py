@@ -119,7 +119,8 @@ def create_app(engine: Any, tokenizer: ServerTokenizer, *, model_name: str,
 
     @app.get("/health")
     async def health() -> Response:
-        return Response(status_code=503 if state.draining else 200)
+        failed = getattr(engine, "error", None) is not None  # the engine thread died
+        return Response(status_code=503 if state.draining or failed else 200)
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -3,7 +3,8 @@ servers in one process, as in the tests, do not share counters).
 
 Gauges read the engine's `stats()` at scrape time: `jaxarena_kv_pages_total`,
 `jaxarena_kv_pages_in_use` (pages held by requests), `jaxarena_requests_running`,
-`jaxarena_requests_waiting`. Counters: `jaxarena_prompt_tokens_total`,
+`jaxarena_requests_waiting`, and `jaxarena_kv_pages_cached` where the engine has a prefix
+cache. Counters: `jaxarena_prompt_tokens_total`,
 `jaxarena_generation_tokens_total`, `jaxarena_requests_total{finish_reason}`. Histograms:
 `jaxarena_time_to_first_token_seconds`, `jaxarena_inter_token_latency_seconds`,
 `jaxarena_request_latency_seconds`.
@@ -27,6 +28,7 @@ GAUGES = {
     "are not counted)",
     "requests_running": "requests in the running batch",
     "requests_waiting": "requests admitted but waiting for a slot or pages",
+    "kv_pages_cached": "KV-cache pages only the prefix cache holds (free to evict)",
 }
 # Latency buckets: a token is milliseconds on a GPU, seconds on a CPU under load.
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -43,6 +45,8 @@ class _EngineCollector:
     def collect(self):
         stats = self._stats()
         for key, doc in GAUGES.items():
+            if key not in stats and key == "kv_pages_cached":  # an engine without a cache
+                continue
             g = GaugeMetricFamily(f"jaxarena_{key}", doc)
             g.add_metric([], float(stats.get(key, 0)))
             yield g
