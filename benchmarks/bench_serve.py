@@ -195,6 +195,11 @@ def main(argv: list[str] | None = None) -> int:
         "latency_ms": {q: round(1e3 * _pct(e2e, q), 1) for q in (50, 90, 99)},
         "kv_pages_in_use_after": in_use[0].split()[-1] if in_use else None,
     }  # fmt: skip
+    for i in lost[:5]:
+        r = results[i] or {}
+        why = r.get("error") or (f"finish_reason {r.get('finish')}, {len(r.get('tokens', ()))} of "
+                                 f"{reqs[i]['max_tokens']} tokens, usage {r.get('usage')}")
+        print(f"lost request {i}: {why}", file=sys.stderr)
     if args.json:
         print(json.dumps(report))
     else:

@@ -101,7 +101,9 @@ def serve(args: argparse.Namespace, error: type[Exception] = RuntimeError,
     except OSError as e:
         raise error(str(e)) from None
     try:
-        log(f"jaxarena serve: loading {args.path}")
+        host, port = sock.getsockname()[:2]
+        log(f"jaxarena serve: tokenizer read, {_url_host(host)}:{port} reserved; "
+            "starting the engine")  # fmt: skip
         t0 = time.monotonic()
         try:
             engine = (engine_factory or load_engine)(args, memory, log)
@@ -118,7 +120,6 @@ def serve(args: argparse.Namespace, error: type[Exception] = RuntimeError,
             log("jaxarena serve: stopping: no new requests; finishing the running ones")
 
         server = _Server(_uvicorn_config(app), on_exit)
-        host, port = sock.getsockname()[:2]
         log(f"jaxarena serve: serving {state.model_name!r} on http://{_url_host(host)}:{port}"
             " (OpenAI API at /v1, /health, /metrics)")  # fmt: skip
         sys.stdout.flush()

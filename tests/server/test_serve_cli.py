@@ -94,7 +94,7 @@ def test_sigterm_drains_and_exits_0():
                 break
         else:
             raise AssertionError("no address line:\n" + "".join(lines))
-        assert "loading" in lines[0]
+        assert "starting the engine" in lines[0]
         body = {"prompt": [5, 6], "max_tokens": 60, "temperature": 0, "stream": True}
         got: list[str] = []
         verdict: list[str] = []
