@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 __all__ = [
+    "check_kv_scale",
     "check_paged_heads",
     "paged_v_shape",
     "resolve_interpret",
@@ -166,4 +167,38 @@ def check_paged_heads(hq: int, d: int, kshape: tuple[int, ...], vshape: tuple[in
         raise ValueError(
             f"num_q_heads must be a positive multiple of num_kv_heads (GQA/MQA), got "
             f"q.shape[1]={hq} and k_cache.shape[2]={hkv}"
+        )
+
+
+def check_kv_scale(name: str, scale: Any, hkv: int) -> None:
+    """k_scale / v_scale of a float8_e4m3fn KV cache (vLLM's dequantization scales, the real
+    value being `scale * page`): a positive float, or a float array of shape (), (1,) (per
+    tensor) or (Hkv,) (per KV head); its values are checked when concrete."""
+    if scale is None:
+        raise ValueError(
+            f"{name} is required with a float8_e4m3fn KV cache (vLLM's per-tensor or "
+            f"per-KV-head dequantization scale); pass a float or float32[{hkv}]"
+        )
+    if isinstance(scale, int | float | np.number) and not isinstance(scale, bool):
+        vals = np.asarray([float(scale)])
+    else:
+        shape = getattr(scale, "shape", None)
+        if shape is None or not jnp.issubdtype(getattr(scale, "dtype", np.int32), jnp.floating):
+            raise ValueError(
+                f"{name} must be a float or a floating array of shape (), (1,) or ({hkv},), "
+                f"got {type(scale).__name__}"
+            )
+        if tuple(shape) not in ((), (1,), (hkv,)):
+            raise ValueError(
+                f"{name}.shape={tuple(shape)} must be (), (1,) (per tensor) or ({hkv},) "
+                f"(per KV head, k_cache.shape[2]={hkv})"
+            )
+        if not is_concrete(scale):
+            return  # values unknown under jit
+        vals = np.asarray(scale, np.float32).reshape(-1)
+    bad = ~np.isfinite(vals) | (vals <= 0.0)
+    if bad.any():
+        raise ValueError(
+            f"{name} must be finite and > 0 (a scale of 0 would dequantize every page to 0), "
+            f"got {name}={vals.tolist() if vals.size > 1 else float(vals[0])}"
         )

@@ -7,13 +7,14 @@ import inspect
 import pytest
 
 import jaxarena
+import jaxarena.engine
 import jaxarena.testing
 import jaxarena.workspaces
 import pallas_kernels
 
 
 @pytest.mark.parametrize(
-    "module", [jaxarena, jaxarena.testing, jaxarena.workspaces, pallas_kernels]
+    "module", [jaxarena, jaxarena.engine, jaxarena.testing, jaxarena.workspaces, pallas_kernels]
 )
 def test_every_public_name_has_a_docstring(module):
     missing = []
@@ -32,7 +33,7 @@ def test_every_public_name_has_a_docstring(module):
 
 
 @pytest.mark.parametrize(
-    "module", [jaxarena, jaxarena.testing, jaxarena.workspaces, pallas_kernels]
+    "module", [jaxarena, jaxarena.engine, jaxarena.testing, jaxarena.workspaces, pallas_kernels]
 )
 def test_all_lists_only_existing_names(module):
     assert len(set(module.__all__)) == len(module.__all__)

@@ -31,6 +31,7 @@ from jaxarena._figure import (
     save,
 )
 from jaxarena._sizing.buffers import BufferSizes
+from jaxarena._sizing.kv_pool import KVPool, kv_pool
 from jaxarena._sizing.cache import dtype_bytes, kv_bytes_per_token, state_bytes_per_sequence
 from jaxarena._sizing.step_temp import RUNTIME_RESERVE, estimate_step_temp
 from jaxarena._sizing.weights import mtp_param_count, param_count, weight_bytes
@@ -287,6 +288,17 @@ class MemoryBudget:
         if self.sequence_bytes == 0:
             return None
         return self.free_bytes // self.sequence_bytes
+
+    def kv_pool(self, kv_pages: int | None = None) -> KVPool:
+        """The page pool the serving engine allocates on this device (`jaxarena.engine`):
+        usable pages from `free_bytes` after `max_batch_size + 1` recurrent-state slots, every
+        paged layer (sliding-window ones included) in each page, plus the null page; or
+        `kv_pages` pages (`jaxarena/_sizing/kv_pool.py`).
+
+        Raises:
+          ValueError: no page fits, or a bad `kv_pages`.
+        """
+        return kv_pool(self, kv_pages=kv_pages)
 
     @property
     def fits(self) -> bool:

@@ -325,6 +325,51 @@ class Reader:
             return np.concatenate(parts, axis=1)  # one [hidden, (Hq + 2 Hkv) D] matmul
         return tuple(parts)
 
+    def kv_scales(self, prefix: str, num_kv_heads: int) -> tuple[np.ndarray, np.ndarray]:
+        """The FP8 KV cache's dequantization scales of attention module `prefix`, as vLLM
+        reads them: `(k_scale, v_scale)`, each `float32[num_kv_heads]` (a per-tensor scale
+        repeated), 1.0 where the checkpoint has none.
+
+        Names tried, first found wins (vLLM's `maybe_remap_kv_scale_name` and the
+        compressed-tensors loader): `{prefix}.k_scale` / `.v_scale` (llm-compressor),
+        `{prefix}.k_proj.k_scale` / `.v_proj.v_scale` (ModelOpt), `{prefix}.k_proj.output_scale`
+        / `.v_proj.output_scale` (older compressed-tensors), `{prefix}.kv_scale` (deprecated:
+        one scale for both). Each is a float scalar of shape `()` or `(1,)`, or
+        `(num_kv_heads,)`, finite and > 0. The tensors found count as used whether or not the
+        cache is FP8 (a bf16 cache ignores them, as vLLM does).
+
+        Raises:
+          CheckpointError: a scale of another shape or dtype, or one that is not finite and
+            positive (the message names the tensor).
+        """
+        candidates = {
+            "k": (f"{prefix}.k_scale", f"{prefix}.k_proj.k_scale", f"{prefix}.k_proj.output_scale",
+                  f"{prefix}.kv_scale"),
+            "v": (f"{prefix}.v_scale", f"{prefix}.v_proj.v_scale", f"{prefix}.v_proj.output_scale",
+                  f"{prefix}.kv_scale"),
+        }  # fmt: skip
+        out = []
+        for which in ("k", "v"):
+            scale = np.ones((num_kv_heads,), np.float32)
+            names = [n for n in candidates[which] if self.ckpt is not None and n in self.ckpt]
+            if names:
+                name = names[0]
+                shape = self.ckpt.shape(name)
+                if shape not in ((), (1,), (num_kv_heads,)):
+                    raise CheckpointError(
+                        f"{self._where(name)} has shape {list(shape)}; a KV cache scale is "
+                        f"per tensor ([] or [1]) or per KV head ([{num_kv_heads}])"
+                    )
+                self.raw(name, shape, FLOAT_DTYPES)  # checks the dtype, records the use
+                # The values from the file itself (a shapes-only reader's `raw` gives zeros).
+                vals = np.asarray(self.ckpt[name], np.float32).reshape(-1)
+                if not np.all(np.isfinite(vals) & (vals > 0)):
+                    raise CheckpointError(f"{self._where(name)} = {vals.tolist()}: a KV cache "
+                                          "scale must be finite and > 0")  # fmt: skip
+                scale = np.broadcast_to(vals, (num_kv_heads,)).astype(np.float32)
+            out.append(scale)
+        return out[0], out[1]
+
     def unused(self) -> list[str]:
         """The checkpoint's tensors nobody read, sorted."""
         return sorted(set(self.ckpt) - self.used)

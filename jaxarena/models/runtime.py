@@ -42,6 +42,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxarena import ArenaPlan, BufferSizes, Levers, ModelConfig, Target, record_lifetimes
+from jaxarena.models.blocks.attention import KV_DTYPES, Attention
+from jaxarena.models.blocks.mla import MLA
 from jaxarena.models.checkpoint import CheckpointError, Reader, fp8_spec, open_checkpoint
 from jaxarena.models.families.registry import SUPPORTED_FAMILIES, family_for
 from jaxarena.models.stack import ArenaLM
@@ -103,6 +105,8 @@ class CausalLM:
         `"prefill_chunk"` (chunked prefill), `"decode"`); near zero when an equal model in the process compiled it already.
       decode_counter: counts the traces of the decode step (`jaxarena.testing`).
       last_stats: figures of the last `generate` call (tokens, seconds).
+      serving_pool: the caches are a serving engine's page pool (`load_pretrained(...,
+        kv_pages=...)`): `generate` and `prefill_logits` refuse to run.
       compiler_options: XLA options for every step's compile (`Lowered.compile`), e.g.
         `{"xla_backend_optimization_level": 0}` for quicker CPU compiles of small test
         models; None: XLA's defaults.
@@ -120,6 +124,7 @@ class CausalLM:
     compile_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
     last_stats: dict[str, Any] = dataclasses.field(default_factory=dict)
     compiler_options: dict[str, Any] | None = None
+    serving_pool: bool = False
 
     def __post_init__(self) -> None:
         # Counts the traces of the decode step (shared with every CausalLM of an equal model).
@@ -197,6 +202,9 @@ class CausalLM:
         return out[2:]
 
     def _check_ids(self, ids: Any, what: str) -> np.ndarray:
+        if self.serving_pool:
+            raise RuntimeError("this model was loaded with kv_pages= for a serving engine, "
+                               "which owns its pages: use jaxarena.engine.Engine to run it")  # fmt: skip
         a = np.asarray(ids)
         if a.ndim != 1 or a.size == 0 or not np.issubdtype(a.dtype, np.integer):
             raise RequestError(f"{what} must be a non-empty list of token ids, got {ids!r}")
@@ -375,6 +383,8 @@ def load_pretrained(
     scan_layers: bool = False,
     prefill_chunk: int | str | None = "auto",
     compiler_options: dict[str, Any] | None = None,
+    kv_pages: int | None = None,
+    kv_dtype: str = "bf16",
 ) -> CausalLM:
     """Loads a local HuggingFace checkpoint directory onto the default device with its arena.
 
@@ -396,6 +406,15 @@ def load_pretrained(
         layer, its XLA temp that of one chunk (`ArenaLM.prefill_chunk`); `"auto"`:
         `DEFAULT_PREFILL_CHUNK` tokens; None: one pass.
       compiler_options: XLA options for the steps' compiles (`CausalLM.compiler_options`).
+      kv_pages: None: KV pages for `max_batch_size + 1` sequences of `max_seq_len` tokens,
+        which `generate` uses. An int: a pool of that many pages plus the null page 0, for
+        the serving engine (`jaxarena.engine`), which owns the pages and hands every step
+        its block tables; `prefill_logits` and `generate` then refuse to run.
+      kv_dtype: the attention layers' paged KV cache, `"bf16"` or `"fp8"` (`float8_e4m3fn`
+        pages with per-layer K and V scales from the checkpoint, 1.0 where it has none, as
+        vLLM's `kv_cache_dtype="fp8"`; `jaxarena.models.blocks.attention`): half the cache
+        bytes per token, what `jaxarena budget --kv-dtype fp8` counts. MLA's latent cache and
+        the recurrent states are not affected by it.
 
     Returns:
       A `CausalLM` whose weights, arena and caches are on the device.
@@ -405,15 +424,19 @@ def load_pretrained(
         a shape the config does not imply; an unexpected dtype. The message names the tensor
         and file.
       ConfigError: an invalid `config.json` (from `ModelConfig.from_hf`) or serve limits.
-      NotImplementedError: a family or feature this implementation does not run.
+      ValueError: a `kv_dtype` other than "bf16" and "fp8".
+      NotImplementedError: a family or feature this implementation does not run (an FP8
+        KV cache for a model with MLA blocks).
     """
+    if kv_dtype not in KV_DTYPES:
+        raise ValueError(f"kv_dtype={kv_dtype!r} must be one of {sorted(KV_DTYPES)}")
     ckpt = open_checkpoint(path)
     root = ckpt.path
     raw = ckpt.config
     model_type = raw.get("model_type")
     family = family_for(model_type, root)
     cfg = ModelConfig.from_hf(root / "config.json")
-    arch = family.arch(model_type, raw, cfg, root, max_seq_len)
+    arch = _with_kv_dtype(family.arch(model_type, raw, cfg, root, max_seq_len), kv_dtype, root)
     reader = Reader(ckpt, fp8_spec(raw, root))
     host = family.read_params(reader, cfg, arch)
     extra = reader.unused()
@@ -436,10 +459,18 @@ def load_pretrained(
     params = jax.device_put(host)  # the one host -> device copy of the weights
     rows = max_batch_size + 1  # + the padding sequence of a fixed-shape prefill
     per_seq = -(-max(max_seq_len, max_batch_tokens) // kv_block_size)
-    caches = model.init_caches(num_blocks=rows * per_seq, rows=rows)
-    # Shuffled pages, so the paged reads are exercised as a serving engine would use them.
-    perm = np.random.default_rng(0).permutation(rows * per_seq).astype(np.int32)
-    tables = jnp.asarray(perm.reshape(rows, per_seq))
+    if kv_pages is None:
+        caches = model.init_caches(num_blocks=rows * per_seq, rows=rows)
+        # Shuffled pages, so the paged reads are exercised as a serving engine would use them.
+        perm = np.random.default_rng(0).permutation(rows * per_seq).astype(np.int32)
+        tables = jnp.asarray(perm.reshape(rows, per_seq))
+    else:
+        if isinstance(kv_pages, bool) or not isinstance(kv_pages, int) or kv_pages < 1:
+            raise ValueError(f"kv_pages={kv_pages!r} must be an int >= 1 or None")
+        # The serving engine's pool: page 0 is the null page; the engine hands each step its
+        # own block tables, so these point every row at the null page.
+        caches = model.init_caches(num_blocks=kv_pages + 1, rows=rows)
+        tables = jnp.zeros((rows, per_seq), jnp.int32)
     if packed:
         plan = _packed_plan(model, sizes, params, caches, tables)
         model = dataclasses.replace(model, plan=plan)
@@ -447,7 +478,29 @@ def load_pretrained(
     return CausalLM(model=model, params=params, path=str(root), model_type=model_type,
                     fp8=reader.fp8 is not None, arena=arena, caches=caches, block_tables=tables,
                     arena_pointer=arena.unsafe_buffer_pointer(),
-                    compiler_options=compiler_options)  # fmt: skip
+                    compiler_options=compiler_options,
+                    serving_pool=kv_pages is not None)  # fmt: skip
+
+
+def _with_kv_dtype(arch: Any, kv_dtype: str, root: Path) -> Any:
+    """`arch` with every attention block's paged cache in `kv_dtype`.
+
+    Raises:
+      NotImplementedError: `kv_dtype="fp8"` and MLA blocks (their latent cache: the absorbed
+        prefill and decode read bf16 latents only).
+    """
+    if kv_dtype == "bf16":
+        return arch
+    other = sorted({b.kind for b in arch.blocks if isinstance(b, MLA)})
+    if other:
+        raise NotImplementedError(
+            f"{root}: kv_dtype={kv_dtype!r} is implemented for GQA attention caches only; this "
+            f"model's {other} blocks (MLA's latent cache) keep a bf16 cache: load it with "
+            "kv_dtype='bf16'"
+        )
+    blocks = tuple(dataclasses.replace(b, kv_dtype=kv_dtype) if isinstance(b, Attention) else b
+                   for b in arch.blocks)  # fmt: skip
+    return dataclasses.replace(arch, blocks=blocks)
 
 
 def _packed_plan(model: ArenaLM, sizes: BufferSizes, params, caches, tables) -> ArenaPlan:

@@ -14,15 +14,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallas_kernels._args import check_finite as _check_finite
+from pallas_kernels._args import check_kv_scale, check_paged_heads, paged_v_shape
 from pallas_kernels._args import check_nonempty as _check_nonempty
-from pallas_kernels._args import check_paged_heads, paged_v_shape
 from pallas_kernels._args import check_rank as _shape
 from pallas_kernels._args import is_concrete as _is_concrete
 from pallas_kernels._args import is_int as _is_int
 
-__all__ = ["OUTPUT_REGION", "validate"]
+__all__ = ["FP8_DTYPE", "OUTPUT_REGION", "validate"]
 
 OUTPUT_REGION = "attn_output"
+FP8_DTYPE = jnp.dtype(jnp.float8_e4m3fn)
 _SUPPORTED = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 _I32_LIMIT = 2**31
 
@@ -104,6 +105,8 @@ def validate(
     sinks: Any,
     softcap: Any,
     v_head_dim: Any,
+    k_scale: Any = None,
+    v_scale: Any = None,
     arena: Any = None,
     plan: Any = None,
     region: Any = OUTPUT_REGION,
@@ -172,11 +175,20 @@ def validate(
             f"k_cache and v_cache must share a dtype, got k_cache.dtype={k_cache.dtype} and "
             f"v_cache.dtype={v_cache.dtype}"
         )
-    if kv_dtype != q_dtype:
-        raise NotImplementedError(
-            f"k_cache.dtype={kv_dtype} differs from q.dtype={q_dtype}; the prefill kernel reads "
-            "a cache in q's dtype (an FP8 cache is not supported here)"
-        )
+    if kv_dtype == FP8_DTYPE:
+        check_kv_scale("k_scale", k_scale, Hkv)
+        check_kv_scale("v_scale", v_scale, Hkv)
+    else:
+        if kv_dtype != q_dtype:
+            raise NotImplementedError(
+                f"k_cache.dtype={kv_dtype} differs from q.dtype={q_dtype}; the prefill kernel "
+                "reads a cache in q's dtype or float8_e4m3fn (with k_scale and v_scale)"
+            )
+        for name, val in (("k_scale", k_scale), ("v_scale", v_scale)):
+            if val is not None:
+                raise ValueError(
+                    f"{name} applies to a float8_e4m3fn KV cache only; k_cache.dtype={kv_dtype}"
+                )
     for name, d in (("head_dim", D), ("v_head_dim", Dv)):
         if d < 1:
             raise ValueError(f"{name} must be at least 1, got {name}={d} (q.shape={(T, Hq, D)})")

@@ -37,6 +37,12 @@ least 16 wide (Triton's dot minimum): a narrower chunk (the `8` of `24 = 16 + 8`
 operands (probabilities rounded to bf16 for `P.V`, as FlashAttention does) with f32
 accumulation; f32 dots run at `HIGHEST` precision (IEEE, not TF32).
 
+FP8 KV cache (`fp8`, vLLM's `kv_cache_dtype="fp8"`): the pages are `float8_e4m3fn` and the
+real key is `k_scale[kv] * k`, the real value `v_scale[kv] * v`. The tiles are converted to
+q's dtype as they are loaded (exact: every e4m3 value is a bf16, f16 and f32 value), so the
+dots are those of a bf16 cache; `k_scale` joins `sm_scale` in the one multiply of the logits
+and `v_scale` multiplies the normalised output once (`P.V` is linear in `v`).
+
 The output is stored as 32-bit words (16-bit values packed two per word, little-endian)
 into a 2-D `uint32` operand at a `Place`: a fresh buffer in the standalone form, the arena's
 `attn_output` region in the arena form. Row `t * Hq + h` of `[T * Hq, D_v]` is token `t`,
@@ -83,6 +89,7 @@ class PrefillConfig:
     softcap: float | None = None
     window: int | None = None
     sinks: bool = False
+    fp8: bool = False  # float8_e4m3fn pages, with k_scale / v_scale refs
     out_itemsize: int = 4
     out_dtype: str = "float32"
     out: Place = Place(0, 0, 1)
@@ -132,12 +139,13 @@ def prefill_attention_kernel(*refs, cfg: PrefillConfig):
 
     Refs, in order: q `[T * Hq, D_qk]`; k `[num_blocks * page_size * Hkv, D_qk]`; v
     `[num_blocks * page_size * Hkv, D_v]` (the k ref again for MLA's latent cache);
-    block_tables `int32[S * max_pages]`; tiles `int32[max_tiles, 5]`; sinks `f32[Hq]` (with
-    `sinks`); dst_in (with `dst_is_input`: the aliased destination, unused); dst
+    block_tables `int32[S * max_pages]`; tiles `int32[max_tiles, 5]`; k_scale, v_scale
+    `f32[Hkv]` (with `fp8`); sinks `f32[Hq]` (with `sinks`); dst_in (with `dst_is_input`: the aliased destination, unused); dst
     `uint32[rows, width]` (the output).
     """
     refs = list(refs)
     q_ref, k_ref, v_ref, bt_ref, tiles_ref = (refs.pop(0) for _ in range(5))
+    k_scale_ref, v_scale_ref = (refs.pop(0), refs.pop(0)) if cfg.fp8 else (None, None)
     sinks_ref = refs.pop(0) if cfg.sinks else None
     if cfg.dst_is_input:
         refs.pop(0)  # dst_in: aliased to dst, written through the output ref only
@@ -159,6 +167,13 @@ def prefill_attention_kernel(*refs, cfg: PrefillConfig):
     q_tiles = [_load_cols(q_ref, q_rows, c0, w, wp, row_ok) for c0, w, wp in cfg.qk_chunks]
     dtype = q_tiles[0].dtype
     precision = _HI if dtype == jnp.float32 else None
+    logit_scale = cfg.sm_scale
+    if cfg.fp8:
+        logit_scale = cfg.sm_scale * k_scale_ref[kv]
+
+    def load_kv(ref, rows, c0, w, wp):
+        t = _load_cols(ref, rows, c0, w, wp, None)
+        return t.astype(dtype) if cfg.fp8 else t  # e4m3 -> q's dtype is exact
 
     if cfg.window is None:
         kv_start = jnp.int32(0)
@@ -176,11 +191,11 @@ def prefill_attention_kernel(*refs, cfg: PrefillConfig):
         k_rows = (page * cfg.page_size + kp % cfg.page_size) * cfg.num_kv_heads + kv
         logits = None
         for qt, (c0, w, wp) in zip(q_tiles, cfg.qk_chunks, strict=True):
-            kt = _load_cols(k_ref, k_rows, c0, w, wp, None)
+            kt = load_kv(k_ref, k_rows, c0, w, wp)
             part = lax.dot_general(qt, kt, _NT, precision=precision,
                                    preferred_element_type=jnp.float32)  # fmt: skip
             logits = part if logits is None else logits + part
-        logits = logits * cfg.sm_scale  # [bm, bk]
+        logits = logits * logit_scale  # [bm, bk]
         if cfg.softcap is not None:
             logits = cfg.softcap * jnp.tanh(logits / cfg.softcap)
         valid = (kp[None, :] <= row_pos[:, None]) & (kp[None, :] < kv_end)
@@ -195,7 +210,7 @@ def prefill_attention_kernel(*refs, cfg: PrefillConfig):
         key_ok = kp < kv_end
         o_next = []
         for o, (c0, w, wp) in zip(o_prev, cfg.v_chunks, strict=True):
-            vt = _load_cols(v_ref, k_rows, c0, w, wp, None)
+            vt = load_kv(v_ref, k_rows, c0, w, wp)
             vt = jnp.where(key_ok[:, None], vt, jnp.zeros_like(vt))  # never 0 * NaN
             pv = lax.dot_general(probs.astype(vt.dtype), vt, _NN, precision=precision,
                                  preferred_element_type=jnp.float32)  # fmt: skip
@@ -217,6 +232,8 @@ def prefill_attention_kernel(*refs, cfg: PrefillConfig):
     # Only an exactly empty sum (no key, no sink) gives 0; a NaN sum stays NaN.
     empty = denom == 0.0
     safe = jnp.where(empty, 1.0, denom)
+    if cfg.fp8:
+        safe = safe / v_scale_ref[kv]  # out = v_scale * o / l
     row_words = cfg.d_v * cfg.out_itemsize // 4
     out_row = (tok * cfg.num_q_heads + head) * row_words
     for (c0, w, wp), oc in zip(cfg.v_chunks, o, strict=True):

@@ -21,7 +21,9 @@ Options follow the split-K decode kernel's semantics: `window_size` (Hugging Fac
 `sliding_window`: the query at position `p` sees keys `[p - window_size + 1, p]`), `sinks`
 (gpt-oss: `exp(sink)` joins each head's softmax denominator, no value), `softcap` (Gemma-2:
 `softcap * tanh(x / softcap)` on the scaled logits), `sm_scale` (default `1 / sqrt(D_qk)`),
-`D_qk != D_v` (separate caches, or MLA's latent cache with `v_cache=None, v_head_dim`).
+`D_qk != D_v` (separate caches, or MLA's latent cache with `v_cache=None, v_head_dim`), and
+the FP8 KV cache (vLLM's `kv_cache_dtype="fp8"`): `float8_e4m3fn` pages with f32 scales per
+tensor or per KV head, the real key `k_scale * k` and value `v_scale * v`.
 
 Padding tokens (rows of q past `cu_seqlens_q[-1]`) give zeros, in both forms.
 
@@ -45,7 +47,7 @@ from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels._arena_io import ROW_BYTES, WORDS_PER_ROW, plan_windows
 from pallas_kernels._args import resolve_interpret
-from pallas_kernels.prefill_attention.checks import OUTPUT_REGION
+from pallas_kernels.prefill_attention.checks import FP8_DTYPE, OUTPUT_REGION
 from pallas_kernels.prefill_attention.checks import validate as _validate
 from pallas_kernels.prefill_attention.kernel import (
     TILE_FIELDS,
@@ -137,9 +139,10 @@ def _tile_table(cu, seq_lens, *, T, block_t, max_tiles, cap):
 @functools.partial(
     jax.jit, static_argnames=("opts", "interpret", "debug"), donate_argnames=("buf",)
 )
-def _prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, sinks, buf, *,
+def _prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scales, sinks, buf, *,
              opts: tuple, interpret: bool, debug: bool = False):  # fmt: skip
-    """The kernel. `buf`: the arena (arena form) or None (standalone).
+    """The kernel. `scales`: `(k_scale, v_scale)` as `f32[Hkv]` (FP8 cache) or None. `buf`:
+    the arena (arena form) or None (standalone).
 
     `opts = (sm_scale, softcap, window, d_v, out_offset)`, `out_offset` the region's byte
     offset in the arena form, else None.
@@ -180,6 +183,7 @@ def _prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, sinks, b
         softcap=softcap,
         window=window,
         sinks=sinks is not None,
+        fp8=scales is not None,
         out_itemsize=itemsize,
         out_dtype=jnp.dtype(q.dtype).name,
         out=place,
@@ -189,6 +193,8 @@ def _prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, sinks, b
     k2 = k_cache.reshape(num_blocks * page_size * Hkv, D)
     v2 = k2 if v_cache is None else v_cache.reshape(num_blocks * page_size * Hkv, d_v)
     inputs = [q.reshape(T * Hq, D), k2, v2, block_tables.reshape(-1), tiles]
+    if scales is not None:
+        inputs += list(scales)
     if sinks is not None:
         inputs.append(sinks)
     aliases = {}
@@ -218,7 +224,8 @@ def _prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, sinks, b
 
 
 def _run(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, buf, *, d_v, sm_scale,
-         softcap, window_size, sinks, interpret, out_offset, debug=False):  # fmt: skip
+         softcap, window_size, sinks, interpret, out_offset, k_scale=None, v_scale=None,
+         debug=False):  # fmt: skip
     scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else float(sm_scale)
     opts = (
         scale,
@@ -228,8 +235,13 @@ def _run(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, buf, *, d_v,
         out_offset,
     )
     sinks = None if sinks is None else jnp.asarray(sinks, jnp.float32)
+    scales = None
+    if jnp.dtype(k_cache.dtype) == FP8_DTYPE:  # per tensor or per KV head -> f32[Hkv]
+        hkv = k_cache.shape[2]
+        scales = tuple(jnp.broadcast_to(jnp.asarray(s, jnp.float32).reshape(-1), (hkv,))
+                       for s in (k_scale, v_scale))  # fmt: skip
     return _prefill(
-        q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, sinks, buf, opts=opts,
+        q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scales, sinks, buf, opts=opts,
         interpret=resolve_interpret(interpret), debug=debug,
     )  # fmt: skip
 
@@ -247,6 +259,8 @@ def paged_prefill_attention(
     sinks: jax.Array | None = None,
     softcap: float | None = None,
     v_head_dim: int | None = None,
+    k_scale: Any = None,
+    v_scale: Any = None,
     interpret: bool | None = None,
 ) -> jax.Array:
     """Causal prefill (and chunked-prefill) attention of packed queries over a paged KV cache.
@@ -262,8 +276,9 @@ def paged_prefill_attention(
     Args:
       q: `[T, Hq, D]` float32, bfloat16 or float16, the sequences' queries back to back;
         `D` a power of two or a multiple of 8 (64, 80, 96, 128, 192, 256, 576, ...).
-      k_cache: `[num_blocks, block_size, Hkv, D]` in q's dtype (any `block_size`). Read only.
-      v_cache: `[num_blocks, block_size, Hkv, D_v]` in q's dtype (`D_v` may differ from
+      k_cache: `[num_blocks, block_size, Hkv, D]` in q's dtype or `float8_e4m3fn` (any
+        `block_size`). Read only.
+      v_cache: `[num_blocks, block_size, Hkv, D_v]` in k_cache's dtype (`D_v` may differ from
         `D`), or None with `v_head_dim` (MLA's latent cache: the values are the first
         `v_head_dim` columns of k_cache). Read only.
       block_tables: `int32[S, max_blocks_per_seq]`, page ids of each sequence in order;
@@ -282,6 +297,10 @@ def paged_prefill_attention(
         denominator with no value (not scaled, not capped).
       softcap: Gemma-2 soft-cap, a float > 0: `x = softcap * tanh(x / softcap)`.
       v_head_dim: with `v_cache=None`, the value width.
+      k_scale, v_scale: with a `float8_e4m3fn` cache (required there, refused otherwise):
+        the dequantization scales, a float or a float array of shape `()`, `(1,)` (per
+        tensor, vLLM's `layer._k_scale`) or `(Hkv,)` (per KV head); key `t` is
+        `k_scale * K[t]`, value `t` is `v_scale * V[t]`.
       interpret: `None` interprets on CPU and compiles the Triton kernel on a GPU.
 
     Keys past the causal limit, before the window or past the context never enter the
@@ -296,21 +315,23 @@ def paged_prefill_attention(
         dims that differ, `Hq % Hkv != 0`, row counts that disagree with `seq_lens`), no
         token or no sequence, bad concrete offsets (not from 0, decreasing, past T), a
         concrete `seq_lens[s] < qlen_s` or past the block table, a used page id out of range,
-        a concrete q with a NaN or infinity, a bad `sm_scale`, `softcap` (<= 0),
+        a concrete q with a NaN or infinity, a bad `sm_scale`, `softcap` (<= 0), a missing
+        or bad `k_scale` / `v_scale` with an FP8 cache (or one given without it),
         `window_size` (< 1), `sinks` shape or value, `v_head_dim` inconsistent with
         `v_cache`. All before tracing.
-      NotImplementedError: f64 or another unsupported float, a cache dtype other than q's
-        (FP8), a head dim neither a power of two nor a multiple of 8, an odd `D_v` with a
+      NotImplementedError: f64 or another unsupported float, a cache dtype other than q's or
+        `float8_e4m3fn`, a head dim neither a power of two nor a multiple of 8, an odd `D_v` with a
         16-bit output.
     """
     d_v = _validate(
         q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, sm_scale=sm_scale,
         window_size=window_size, sinks=sinks, softcap=softcap, v_head_dim=v_head_dim,
+        k_scale=k_scale, v_scale=v_scale,
     )  # fmt: skip
     return _run(
         q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, None, d_v=d_v,
         sm_scale=sm_scale, softcap=softcap, window_size=window_size, sinks=sinks,
-        interpret=interpret, out_offset=None,
+        interpret=interpret, out_offset=None, k_scale=k_scale, v_scale=v_scale,
     )  # fmt: skip
 
 
@@ -330,6 +351,8 @@ def paged_prefill_attention_into(
     sinks: jax.Array | None = None,
     softcap: float | None = None,
     v_head_dim: int | None = None,
+    k_scale: Any = None,
+    v_scale: Any = None,
     interpret: bool | None = None,
 ) -> jax.Array:
     """`paged_prefill_attention` computed in place into an arena region.
@@ -346,7 +369,8 @@ def paged_prefill_attention_into(
         (the default 256-byte alignment does) and hold `T * Hq * D_v * itemsize` bytes
         (below 2^31).
       q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, sm_scale, window_size,
-        sinks, softcap, v_head_dim, interpret: as for `paged_prefill_attention`.
+        sinks, softcap, v_head_dim, k_scale, v_scale, interpret: as for
+        `paged_prefill_attention`.
       region: the region written, `"attn_output"` by default.
 
     Returns:
@@ -362,10 +386,11 @@ def paged_prefill_attention_into(
     d_v = _validate(
         q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, sm_scale=sm_scale,
         window_size=window_size, sinks=sinks, softcap=softcap, v_head_dim=v_head_dim,
-        arena=arena, plan=plan, region=region,
+        k_scale=k_scale, v_scale=v_scale, arena=arena, plan=plan, region=region,
     )  # fmt: skip
     return _run(
         q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, arena, d_v=d_v,
         sm_scale=sm_scale, softcap=softcap, window_size=window_size, sinks=sinks,
-        interpret=interpret, out_offset=plan.regions[region].offset_bytes,
+        interpret=interpret, out_offset=plan.regions[region].offset_bytes, k_scale=k_scale,
+        v_scale=v_scale,
     )  # fmt: skip

@@ -10,7 +10,8 @@ Semantics: query `i` of sequence `s` (rows `cu_seqlens_q[s]:cu_seqlens_q[s + 1]`
 position `seq_lens[s] - qlen_s + i` and sees keys `t <= pos` (and `t > pos - window_size`);
 sliding window as Hugging Face's `sliding_window`, sinks as gpt-oss, soft-cap as Gemma-2
 (on the scaled logits), MLA's latent cache as vLLM (values = the first `v_head_dim` key
-columns). Rows past `cu_seqlens_q[S]` (padding) are zeros.
+columns), an FP8 cache as vLLM (`k_scale * k`, `v_scale * v`, dequantized in f32 before
+anything else). Rows past `cu_seqlens_q[S]` (padding) are zeros.
 """
 
 from __future__ import annotations
@@ -38,11 +39,15 @@ def paged_prefill_attention_reference(
     sinks: jax.Array | None = None,
     softcap: float | None = None,
     v_head_dim: int | None = None,
+    k_scale=None,
+    v_scale=None,
 ) -> jax.Array:
     """Dense masked softmax attention of every packed query over its sequence's keys, in f32.
 
     Args: as `paged_prefill_attention` (q `[T, Hq, D]`, caches `[num_blocks, bs, Hkv, D]`,
-      block_tables `int[S, P]`, cu_seqlens_q `int[S + 1]`, seq_lens `int[S]`).
+      block_tables `int[S, P]`, cu_seqlens_q `int[S + 1]`, seq_lens `int[S]`; `k_scale`,
+      `v_scale`: a float, or per tensor `()` / `(1,)` or per KV head `(Hkv,)`, multiplying
+      the pages as stored (None: 1)).
 
     Returns:
       `f32[T, Hq, D_v]`; a query with no visible key and no sink, and every padding row,
@@ -51,17 +56,20 @@ def paged_prefill_attention_reference(
     T, Hq, D = q.shape
     if v_cache is None:
         v_cache = k_cache[..., :v_head_dim]
+        v_scale = k_scale if v_scale is None else v_scale
     num_blocks, bs, hkv, _ = k_cache.shape
     S, P = block_tables.shape
     scale = 1.0 / math.sqrt(D) if sm_scale is None else sm_scale
     pages = jnp.clip(block_tables, 0, num_blocks - 1)
 
-    def dense(cache):  # [num_blocks, bs, Hkv, d] -> f32[S, P * bs, Hq, d], token order
+    def dense(cache, s):  # [num_blocks, bs, Hkv, d] -> f32[S, P * bs, Hq, d], token order
         g = cache[pages].astype(jnp.float32)
+        if s is not None:  # dequantize: one scale, or one per KV head
+            g = g * jnp.asarray(s, jnp.float32).reshape(-1)[:, None]
         g = g.reshape(S, P * bs, hkv, cache.shape[-1])
         return jnp.repeat(g, Hq // hkv, axis=2)
 
-    keys, values = dense(k_cache), dense(v_cache)
+    keys, values = dense(k_cache, k_scale), dense(v_cache, v_scale)
     cu = jnp.asarray(cu_seqlens_q)
     tok = jnp.arange(T)
     # Sequence of each query row, and whether it is a real row (not padding).

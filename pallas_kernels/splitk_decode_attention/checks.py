@@ -23,6 +23,7 @@ from jaxarena.workspaces import (
 )
 from jaxarena.workspaces import num_splits as _policy_num_splits
 from pallas_kernels._args import check_finite as _check_finite
+from pallas_kernels._args import check_kv_scale as _check_scale
 from pallas_kernels._args import check_nonempty as _check_nonempty
 from pallas_kernels._args import check_paged_heads, paged_v_shape
 from pallas_kernels._args import check_rank as _shape
@@ -72,38 +73,6 @@ def _check_float_option(name: str, value: Any, *, positive: bool) -> None:
     if not math.isfinite(float(value)) or (positive and float(value) <= 0.0):
         rule = "finite and > 0" if positive else "finite"
         raise ValueError(f"{name} must be {rule}, got {name}={value}")
-
-
-def _check_scale(name: str, scale: Any, hkv: int) -> None:
-    """k_scale / v_scale: a positive float, or a float array of shape (), (1,) or (Hkv,)."""
-    if scale is None:
-        raise ValueError(
-            f"{name} is required with a float8_e4m3fn KV cache (vLLM's per-tensor or "
-            f"per-KV-head dequantization scale); pass a float or float32[{hkv}]"
-        )
-    if isinstance(scale, int | float | np.number) and not isinstance(scale, bool):
-        vals = np.asarray([float(scale)])
-    else:
-        shape = getattr(scale, "shape", None)
-        if shape is None or not jnp.issubdtype(getattr(scale, "dtype", np.int32), jnp.floating):
-            raise ValueError(
-                f"{name} must be a float or a floating array of shape (), (1,) or ({hkv},), "
-                f"got {type(scale).__name__}"
-            )
-        if tuple(shape) not in ((), (1,), (hkv,)):
-            raise ValueError(
-                f"{name}.shape={tuple(shape)} must be (), (1,) (per tensor) or ({hkv},) "
-                f"(per KV head, k_cache.shape[2]={hkv})"
-            )
-        if not _is_concrete(scale):
-            return  # values unknown under jit
-        vals = np.asarray(scale, np.float32).reshape(-1)
-    bad = ~np.isfinite(vals) | (vals <= 0.0)
-    if bad.any():
-        raise ValueError(
-            f"{name} must be finite and > 0 (a scale of 0 would dequantize every page to 0), "
-            f"got {name}={vals.tolist() if vals.size > 1 else float(vals[0])}"
-        )
 
 
 def validate(

@@ -1,11 +1,19 @@
-"""GQA attention over a paged bf16 KV cache (vLLM layout).
+"""GQA attention over a paged bf16 or FP8 KV cache (vLLM layout).
 
 Optional per-head q/k RMSNorm (Qwen3) and RoPE (rotate-half; Nemotron-H has none). Prefill
 runs the paged prefill Pallas kernel (causal flash attention over the cache, so a chunk of a
 long prompt sees the earlier chunks; its output a value the o_proj GEMM reads), decode the
 split-K Pallas kernel (partials in `splitk_workspace`, output in `attn_output`); both read
-bf16 queries and the bf16 cache. Arena regions: `attn_output`, `splitk_workspace` (decode),
+bf16 queries and the cache. Arena regions: `attn_output`, `splitk_workspace` (decode),
 the FP8 activation buffers.
+
+FP8 KV cache (`kv_dtype="fp8"`, vLLM's `kv_cache_dtype="fp8"`): the pages are
+`float8_e4m3fn`, with one f32 scale per layer for K and one for V (the checkpoint's
+`k_scale` / `v_scale`, else 1.0: `Reader.kv_scales`). A new key is written as
+`e4m3(clamp(bf16(k) / k_scale, +-448))` (the clamp is explicit: a float -> e4m3 cast does
+not saturate on every backend, XLA:CPU gives NaN past 448), and both kernels read
+`k_scale * page` (the scales multiply the logits and the output, not the pages). Half the
+bytes per token of the bf16 cache: what `jaxarena budget --kv-dtype fp8` counts.
 """
 
 from __future__ import annotations
@@ -25,7 +33,12 @@ from jaxarena.models.core.norms import inv_rms, rms_norm
 from jaxarena.models.core.rope import rope, rope_table
 from pallas_kernels import paged_prefill_attention, splitk_decode_attention_into
 
-__all__ = ["Attention"]
+__all__ = ["Attention", "KV_DTYPES", "E4M3_MAX"]
+
+KV_DTYPES = {"bf16": BF16, "fp8": jnp.float8_e4m3fn}
+"""The KV cache dtypes by name (the names of `jaxarena budget --kv-dtype`)."""
+E4M3_MAX = 448.0
+"""The largest finite `float8_e4m3fn` value: quantized keys and values saturate there."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -52,12 +65,16 @@ class Attention(Block):
         Qwen3-Next / Qwen3.5 store it); the attention output is multiplied by
         `sigmoid(gate)` in `attn_output` before `o_proj`.
       norm_offset: the q/k norms scale by `w + norm_offset` (1: the `(1 + w)` norms).
+      kv_dtype: the paged cache's dtype, `"bf16"` or `"fp8"` (`float8_e4m3fn` with the
+        per-layer scales `k_scale`, `v_scale`; see the module docstring).
 
     Parameters: `wqkv` (`[hidden, (Hq + 2 Hkv) D]`, with `gated` `[hidden, (2 Hq + 2 Hkv) D]`,
     or a (q, k, v) tuple of linear weights), `wo` (`[Hq D, hidden]`), with `qk_norm` also
     `q_norm` and `k_norm` (`[D]`), with `qkv_bias` `bqkv` (`[(Hq + 2 Hkv) D]`), with `o_bias`
-    `bo` (`[hidden]`), with `sinks` `sinks` (`float32[Hq]`).
-    Cache: `{"k", "v"}`, each `bfloat16[num_blocks, kv_block_size, Hkv, D]`.
+    `bo` (`[hidden]`), with `sinks` `sinks` (`float32[Hq]`), with `kv_dtype="fp8"` `k_scale`
+    and `v_scale` (`float32[Hkv]`, one per-tensor scale repeated, or the checkpoint's per-head
+    scales).
+    Cache: `{"k", "v"}`, each `[num_blocks, kv_block_size, Hkv, D]` in `kv_dtype`.
     """
 
     kind: ClassVar[str] = "attention"
@@ -80,8 +97,12 @@ class Attention(Block):
     rotary_dim: int = 0
     gated: bool = False
     norm_offset: float = 0.0
+    kv_dtype: str = "bf16"
 
     def __post_init__(self) -> None:
+        if self.kv_dtype not in KV_DTYPES:
+            raise ValueError(f"Attention.kv_dtype={self.kv_dtype!r} must be one of "
+                             f"{sorted(KV_DTYPES)}")  # fmt: skip
         if self.window is not None and (not isinstance(self.window, int) or self.window < 1):
             raise ValueError(f"Attention.window={self.window!r} must be None or an int >= 1")
         if self.softcap is not None and not self.softcap > 0:
@@ -101,6 +122,8 @@ class Attention(Block):
             p["bo"] = jnp.zeros((h,), F32)
         if self.sinks:
             p["sinks"] = jnp.zeros((hq,), F32)
+        if self.kv_dtype == "fp8":
+            p["k_scale"] = p["v_scale"] = jnp.ones((hkv,), F32)
         return p
 
     def read_params(self, reader: Any, config: ModelConfig, prefix: str,
@@ -129,6 +152,10 @@ class Attention(Block):
             p["bo"] = reader.vector(f"{prefix}.o_proj.bias", config.hidden_size)
         if self.sinks:
             p["sinks"] = reader.vector(f"{prefix}.sinks", config.num_attention_heads)
+        # Read (and so accepted) either way; only an FP8 cache uses them.
+        scales = reader.kv_scales(prefix, config.num_key_value_heads)
+        if self.kv_dtype == "fp8":
+            p["k_scale"], p["v_scale"] = scales
         return p
 
     def _read_qkv(self, reader: Any, config: ModelConfig, prefix: str) -> Any:
@@ -145,9 +172,11 @@ class Attention(Block):
 
     def init_cache(self, config: ModelConfig, *, num_blocks: int, kv_block_size: int,
                    rows: int) -> dict[str, jax.Array]:  # fmt: skip
-        """A zeroed paged KV cache, `k` and `v` `bfloat16[num_blocks, kv_block_size, Hkv, D]`."""
+        """A zeroed paged KV cache, `k` and `v` `[num_blocks, kv_block_size, Hkv, D]` in
+        `kv_dtype` (`kv_block_size * Hkv * D` bytes per page each with FP8, twice that bf16)."""
         shape = (num_blocks, kv_block_size, config.num_key_value_heads, config.head_dim)
-        return {"k": jnp.zeros(shape, BF16), "v": jnp.zeros(shape, BF16)}
+        dtype = KV_DTYPES[self.kv_dtype]
+        return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
 
     def _qkv(self, env: Env, p, arena, ctx: StepContext, prefill: bool):
         """QKV projection (an XLA value, rounded as `qkv_output` would store it); returns
@@ -196,15 +225,35 @@ class Attention(Block):
         return (rms_norm(q, p["q_norm"], eps, off, scale=rq),
                 rms_norm(k, p["k_norm"], eps, off, scale=r[:, qw:]))  # fmt: skip
 
-    def _append_kv(self, env: Env, cache, k, v, ctx: StepContext):
+    def _kv_scales(self, params) -> dict[str, Any]:
+        """The kernels' `k_scale` / `v_scale` keywords: the layer's scales with an FP8 cache,
+        none with bf16."""
+        if self.kv_dtype != "fp8":
+            return {}
+        return {"k_scale": params["k_scale"], "v_scale": params["v_scale"]}
+
+    def _stored_kv(self, x, scale):
+        """New keys or values `[T, Hkv, D]` as the cache stores them: bf16, or e4m3 of
+        `bf16(x) / scale` (per KV head) clamped to +-448 (vLLM's write: the activations are
+        bf16 before they are quantized)."""
+        x = x.astype(BF16)
+        if self.kv_dtype != "fp8":
+            return x
+        y = x.astype(F32) / scale.astype(F32)[:, None]
+        return jnp.clip(y, -E4M3_MAX, E4M3_MAX).astype(KV_DTYPES["fp8"])
+
+    def _append_kv(self, env: Env, cache, k, v, ctx: StepContext, params):
+        scales = self._kv_scales(params)
+        k = self._stored_kv(k, scales.get("k_scale"))
+        v = self._stored_kv(v, scales.get("v_scale"))
         bs = env.kv_block_size
         pos = ctx.positions
         slots = ctx.block_tables[ctx.seq_ids, pos // bs] * bs + pos % bs
         nb, _, hkv, hd = cache["k"].shape
         flat = lambda a: a.reshape(nb * bs, hkv, hd)  # noqa: E731
         return {
-            "k": flat(cache["k"]).at[slots].set(k.astype(BF16)).reshape(cache["k"].shape),
-            "v": flat(cache["v"]).at[slots].set(v.astype(BF16)).reshape(cache["v"].shape),
+            "k": flat(cache["k"]).at[slots].set(k).reshape(cache["k"].shape),
+            "v": flat(cache["v"]).at[slots].set(v).reshape(cache["v"].shape),
         }
 
     def _out(self, env: Env, p, arena, t: int, gate=None, o=None):
@@ -232,14 +281,15 @@ class Attention(Block):
         in place (XLA copies the slice out first, a launch and `[T, Hq D]` bf16 of temp), and
         the kernel's own output buffer costs the same temp without the copy."""
         arena, q, k, v, gate = self._qkv(env, params, arena, ctx, prefill=True)
-        cache = self._append_kv(env, cache, k, v, ctx)
+        cache = self._append_kv(env, cache, k, v, ctx, params)
         # Plain prefill: each sequence's context is its own queries.
         lens = ctx.cu_seqlens[1:] - ctx.cu_seqlens[:-1] if ctx.seq_lens is None else ctx.seq_lens
-        # Prefill attention reads what decode reads: bf16 queries and the bf16 cache.
+        # Prefill attention reads what decode reads: bf16 queries and the cache.
         o = paged_prefill_attention(
             q.astype(BF16), cache["k"], cache["v"], ctx.block_tables, ctx.cu_seqlens, lens,
             interpret=env.interpret, sm_scale=self.scale, window_size=self.window,
             softcap=self.softcap, sinks=params["sinks"].astype(F32) if self.sinks else None,
+            **self._kv_scales(params),
         )  # fmt: skip
         arena, out = self._out(env, params, arena, ctx.num_tokens, gate, o)
         return arena, cache, out
@@ -247,12 +297,13 @@ class Attention(Block):
     def decode(self, env: Env, params, arena, cache, ctx: StepContext):
         """Appends the new K/V; split-K decode attention into `attn_output`; `o_proj`."""
         arena, q, k, v, gate = self._qkv(env, params, arena, ctx, prefill=False)
-        cache = self._append_kv(env, cache, k, v, ctx)
+        cache = self._append_kv(env, cache, k, v, ctx, params)
         arena = splitk_decode_attention_into(
             arena, env.plan, q.astype(BF16), cache["k"], cache["v"], ctx.block_tables,
             ctx.seq_lens, levers=env.levers, target=env.target, interpret=env.interpret,
             sm_scale=self.scale, window_size=self.window, softcap=self.softcap,
             sinks=params["sinks"].astype(F32) if self.sinks else None,
+            **self._kv_scales(params),
         )  # fmt: skip
         arena, out = self._out(env, params, arena, ctx.num_tokens, gate)
         return arena, cache, out

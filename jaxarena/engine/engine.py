@@ -1,0 +1,496 @@
+"""`Engine`: continuous batching of requests on one device's fixed workspace.
+
+One engine step: the scheduler (`jaxarena.engine.scheduler`) picks, under one token budget
+(`max_batch_tokens`), a token for every running decode and prefill chunks of newer requests,
+takes pages for them from the block manager (`jaxarena.engine.pages`, preempting the newest
+request when the pool runs out), and the runner (`jaxarena.engine.runner`) runs one compiled
+executable on them: `decode` when every scheduled request decodes, else `mixed@T`, the
+smallest token bucket that holds the step. The sampler runs inside the executable; only the
+sampled token of each slot (and logprobs, when a request asks) comes back to the host.
+
+The page pool is sized before anything is loaded, from the same arithmetic as `jaxarena
+budget` (`MemoryBudget.kv_pool`): the device's memory (given, or on a GPU its limit times
+`memory_utilization`) minus weights, arena and reserve, less one recurrent-state slot per
+request slot; or an explicit `kv_pages`. The allocation is checked against it to the byte.
+
+Prefix caching (full pages shared by a hash of their tokens) is on for models whose every
+cache is paged attention (or MLA); it is off for the Mamba-2 and Gated DeltaNet hybrids,
+whose recurrent state at a page boundary is not kept.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import secrets
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from jaxarena import MemoryBudget, ModelConfig, Target
+from jaxarena._sizing.kv_pool import KVPool, page_bytes, slot_bytes
+from jaxarena.engine.pages import BlockManager
+from jaxarena.engine.runner import Runner
+from jaxarena.engine.sampling import seed_key, slot_params
+from jaxarena.engine.scheduler import Request, Scheduler
+from jaxarena.engine.types import RequestError, SamplingParams, TokenEvent
+
+__all__ = ["CompletionOutput", "Engine"]
+
+
+@dataclasses.dataclass
+class CompletionOutput:
+    """A finished request of `Engine.generate`: its tokens, their logprobs (with
+    `SamplingParams.logprobs`; one `(chosen, top n)` entry per token) and why it ended."""
+
+    request_id: str
+    prompt_ids: list[int]
+    token_ids: list[int]
+    finish_reason: str | None
+    logprobs: list[Any] | None = None
+
+
+def _eos_ids(path: Path, raw: dict[str, Any]) -> frozenset[int]:
+    """EOS ids from `generation_config.json` (int or list), else `config.json`."""
+    ids: set[int] = set()
+    for source in (raw, _read_json(path / "generation_config.json")):
+        v = source.get("eos_token_id")
+        if isinstance(v, int) and not isinstance(v, bool):
+            ids.add(v)
+        elif isinstance(v, list):
+            ids.update(x for x in v if isinstance(x, int) and not isinstance(x, bool))
+    return frozenset(ids)
+
+
+def _max_positions(raw: dict[str, Any]) -> int | None:
+    """The model's context length (`max_position_embeddings`, also under `text_config`)."""
+    for source in (raw, raw.get("text_config") or {}):
+        v = source.get("max_position_embeddings")
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return v
+    return None
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            out = json.load(f)
+        return out if isinstance(out, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _device_memory(utilization: float) -> int | None:
+    """The first GPU's memory limit times `utilization`; None without a GPU."""
+    import jax
+
+    dev = jax.devices()[0]
+    if dev.platform not in ("gpu", "cuda", "rocm"):
+        return None
+    stats = dev.memory_stats() or {}
+    limit = stats.get("bytes_limit")
+    return int(limit * utilization) if limit else None
+
+
+class Engine:
+    """Serves a stream of requests on one device (see the module docstring).
+
+    Build it with `Engine.from_pretrained`. Not thread-safe: one thread calls `add_request`,
+    `abort` and `step` (`AsyncEngine` does that for asyncio servers).
+
+    Attributes:
+      runner: the device side (`Runner`: the model, its pool, the executables).
+      scheduler, pages: the host side (`Scheduler`, `BlockManager`).
+      pool: the page pool's arithmetic (`KVPool`).
+      eos_token_ids: the ids that end a request (unless `ignore_eos`).
+      max_seq_len: prompt plus output tokens at most (the serve limit, capped at the
+        model's `max_position_embeddings`).
+      stats_steps: engine steps run so far by kind (`"decode"`, `"mixed"`).
+    """
+
+    def __init__(self, runner: Runner, pool: KVPool, *, eos_token_ids: frozenset[int],
+                 prefix_caching: bool, model_type: str, path: str,
+                 max_position_embeddings: int | None = None,
+                 log: Callable[[str], None] = print) -> None:  # fmt: skip
+        m = runner.model
+        self.runner = runner
+        self.pool = pool
+        self.model_type = model_type
+        self.path = path
+        self.config: ModelConfig = m.config
+        self.eos_token_ids = eos_token_ids
+        self.prefix_caching = prefix_caching
+        self.max_batch_size = m.max_batch_size
+        self.max_batch_tokens = m.max_batch_tokens
+        self.kv_block_size = m.kv_block_size
+        self.max_seq_len = min(m.max_seq_len, max_position_embeddings or m.max_seq_len)
+        self.vocab_size = m.config.vocab_size
+        self.recurrent = slot_bytes(m.config) > 0
+        self.pages = BlockManager(pool.pages, m.kv_block_size, prefix_caching)
+        self.scheduler = Scheduler(self.pages, max_batch_size=m.max_batch_size,
+                                   max_batch_tokens=m.max_batch_tokens,
+                                   max_seq_len=self.max_seq_len, page_size=m.kv_block_size,
+                                   prefix_caching=prefix_caching)  # fmt: skip
+        self.log = log
+        self._requests: dict[str, Request] = {}
+        self._seeds: dict[str, int] = {}
+        self._slot_owner: dict[int, str] = {}
+        self._events: list[TokenEvent] = []
+        self._next_id = 0
+        self._rng = secrets.SystemRandom()
+        self.stats_steps = {"decode": 0, "mixed": 0}
+
+    # -- building -------------------------------------------------------------------------------
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        *,
+        max_batch_size: int = 8,
+        max_seq_len: int = 2048,
+        max_batch_tokens: int = 512,
+        kv_block_size: int = 16,
+        memory: int | str | None = None,
+        memory_utilization: float = 0.9,
+        kv_pages: int | None = None,
+        kv_dtype: str = "bf16",
+        target: Target | str | None = None,
+        prefix_caching: bool | None = None,
+        token_buckets: Sequence[int] | None = None,
+        compiler_options: dict[str, Any] | None = None,
+        log: Callable[[str], None] = print,
+        warm_up: bool = True,
+        **load_options: Any,
+    ) -> Engine:
+        """Loads a checkpoint, sizes and allocates its page pool, compiles every executable.
+
+        Args:
+          path: a checkpoint directory as `jaxarena.models.load_pretrained` reads it.
+          max_batch_size, max_seq_len, max_batch_tokens, kv_block_size: the serve limits
+            (slots, tokens per request, tokens per step, tokens per page).
+          memory: the device memory the pool is sized from (bytes or "80GB"); None: on a GPU
+            its limit times `memory_utilization`.
+          kv_pages: an explicit page count (overrides `memory`). Without either on a machine
+            without a GPU: pages for `max_batch_size` sequences of `max_seq_len` tokens.
+          kv_dtype: the KV pages, "bf16" or "fp8" (e4m3 with per-layer scales: twice the
+            tokens in the same memory; `load_pretrained`).
+          target: the arena's target (a `Target` or a preset name); None: the device's.
+          prefix_caching: None: on where every cache is paged (attention, MLA), off for the
+            Mamba-2 / Gated DeltaNet hybrids; True for a hybrid raises ValueError.
+          token_buckets: the mixed executables' token counts; None: 256 (when smaller) and
+            `max_batch_tokens`.
+          compiler_options: XLA options for the executables' compiles.
+          log: where the progress lines go (None: nowhere).
+          warm_up: compile every executable now (else `warm_up()` before the first step).
+          load_options: more `load_pretrained` arguments (`interpret`, `scan_layers`, ...).
+
+        Raises:
+          ValueError: limits or a pool that do not fit (the message gives the arithmetic).
+          CheckpointError, ConfigError, NotImplementedError: as `load_pretrained`.
+        """
+        from jaxarena.models import load_pretrained
+
+        log = log or (lambda _msg: None)
+        root = Path(path)
+        cfg = ModelConfig.from_hf(root / "config.json")
+        raw = _read_json(root / "config.json")
+        if isinstance(target, str):
+            target = Target.preset(target)
+        if target is None:
+            import jax
+
+            target = Target.detect() if jax.devices()[0].platform != "cpu" else Target.preset("gb10")
+        recurrent = slot_bytes(cfg) > 0
+        if prefix_caching and recurrent:
+            raise ValueError(f"prefix caching is not available for {raw.get('model_type')!r}: "
+                             "its Mamba-2 / Gated DeltaNet state at a page boundary is not "
+                             "kept (leave prefix_caching unset)")  # fmt: skip
+        prefix_caching = (not recurrent) if prefix_caching is None else bool(prefix_caching)
+        pool = cls._size_pool(cfg, raw, max_batch_size=max_batch_size, max_seq_len=max_seq_len,
+                              max_batch_tokens=max_batch_tokens, kv_block_size=kv_block_size,
+                              memory=memory, memory_utilization=memory_utilization,
+                              kv_pages=kv_pages, kv_dtype=kv_dtype, target=target,
+                              log=log)  # fmt: skip
+        log("sizing the page pool:\n  " + pool.table().replace("\n", "\n  "))
+        log(f"loading {root}")
+        t0 = time.perf_counter()
+        lm = load_pretrained(root, max_batch_tokens=max_batch_tokens, max_seq_len=max_seq_len,
+                             kv_block_size=kv_block_size, max_batch_size=max_batch_size,
+                             target=target, compiler_options=compiler_options,
+                             kv_pages=pool.pages, kv_dtype=kv_dtype, **load_options)  # fmt: skip
+        allocated = lm.cache_bytes
+        if allocated != pool.total_bytes:
+            raise RuntimeError(f"the caches hold {allocated:,} bytes where the pool's arithmetic "
+                               f"says {pool.total_bytes:,}: a sizing bug, please report it")  # fmt: skip
+        log(f"  loaded in {time.perf_counter() - t0:.1f} s: weights {lm.weight_bytes:,} B, "
+            f"arena {lm.arena_bytes:,} B, pool {allocated:,} B")  # fmt: skip
+        if token_buckets is None:
+            token_buckets = sorted({min(256, max_batch_tokens), max_batch_tokens})
+        buckets = tuple(sorted(set(int(t) for t in token_buckets)))
+        if not buckets or buckets[-1] != max_batch_tokens or buckets[0] < 1:
+            raise ValueError(f"token_buckets={list(token_buckets)} must be >= 1 and end at "
+                             f"max_batch_tokens={max_batch_tokens}")  # fmt: skip
+        runner = Runner(lm, token_buckets=buckets, log=log)
+        engine = cls(runner, pool, eos_token_ids=_eos_ids(root, raw),
+                     prefix_caching=prefix_caching, model_type=lm.model_type, path=str(path),
+                     max_position_embeddings=_max_positions(raw), log=log)  # fmt: skip
+        if warm_up:
+            runner.warm_up()
+        return engine
+
+    @staticmethod
+    def _size_pool(cfg, raw, *, max_batch_size, max_seq_len, max_batch_tokens, kv_block_size,
+                   memory, memory_utilization, kv_pages, kv_dtype, target, log) -> KVPool:  # fmt: skip
+        if memory is None and kv_pages is None:
+            memory = _device_memory(memory_utilization)
+            if memory is None:
+                kv_pages = max_batch_size * -(-max_seq_len // kv_block_size)
+                log(f"no GPU and no --memory / --kv-pages: {kv_pages} pages, "
+                    f"{max_batch_size} sequences of {max_seq_len} tokens")  # fmt: skip
+        if memory is None:  # an explicit page count: no budget needed
+            per_page = page_bytes(cfg, kv_block_size, kv_dtype)
+            return KVPool(kv_block_size=kv_block_size, page_bytes=per_page,
+                          slot_bytes=slot_bytes(cfg), slots=max_batch_size + 1, pages=kv_pages,
+                          source="given")  # fmt: skip
+        quant = raw.get("quantization_config") or {}
+        weights = "fp8" if quant.get("quant_method") == "fp8" else "bf16"
+        budget = MemoryBudget(config=cfg, memory_bytes=memory, max_batch_tokens=max_batch_tokens,
+                              max_seq_len=max_seq_len, kv_block_size=kv_block_size,
+                              max_batch_size=max_batch_size, weights=weights,
+                              kv_dtype=kv_dtype, target=target)  # fmt: skip
+        return budget.kv_pool(kv_pages)
+
+    def warm_up(self) -> None:
+        """Compiles every executable (done by `from_pretrained` unless `warm_up=False`)."""
+        self.runner.warm_up()
+
+    # -- requests -------------------------------------------------------------------------------
+
+    def add_request(self, prompt_ids: Sequence[int], params: SamplingParams | None = None,
+                    request_id: str | None = None) -> str:  # fmt: skip
+        """Queues a request; returns its id.
+
+        Raises:
+          RequestError: an empty prompt, ids outside the vocabulary, a prompt that leaves no
+            room for one new token within `max_seq_len` (or the model's context), a request
+            needing more pages than the whole pool, a duplicate request id.
+        """
+        params = SamplingParams() if params is None else params
+        ids = self.validate(prompt_ids, params)
+        if request_id is None:
+            request_id = f"req-{self._next_id}"
+            self._next_id += 1
+        if request_id in self._requests:
+            raise RequestError(f"request id {request_id!r} is already in use", "request_id")
+        req = Request(request_id=request_id, prompt_ids=ids, params=params,
+                      eos_ids=self.eos_token_ids)  # fmt: skip
+        self.scheduler.add(req)  # RequestError: more pages than the pool
+        self._requests[request_id] = req
+        self._seeds[request_id] = (params.seed if params.seed is not None
+                                   else self._rng.randrange(2**63))  # fmt: skip
+        return request_id
+
+    def validate(self, prompt_ids: Sequence[int], params: SamplingParams) -> list[int]:
+        """The checks of `add_request` that need no engine state (so another thread may call
+        it): returns the prompt as a list of ints.
+
+        Raises:
+          RequestError: as `add_request` (but for a duplicate id).
+        """
+        if not isinstance(params, SamplingParams):
+            raise RequestError(f"params must be a SamplingParams, got {type(params).__name__}")
+        ids = list(prompt_ids)
+        if not ids:
+            raise RequestError("the prompt is empty", "prompt")
+        for t in ids:
+            if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
+                raise RequestError(f"the prompt holds {t!r}, not a token id", "prompt")
+        bad = [int(t) for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise RequestError(f"the prompt has token ids {bad[:5]} outside [0, vocab_size="
+                               f"{self.vocab_size})", "prompt")  # fmt: skip
+        if len(ids) >= self.max_seq_len:
+            raise RequestError(f"the prompt has {len(ids)} tokens; at most "
+                               f"{self.max_seq_len - 1} leave room for one new token "
+                               f"(max_seq_len={self.max_seq_len})", "prompt")  # fmt: skip
+        # The last sampled token ends the request and is never run: its KV is not kept.
+        kv = min(len(ids) + params.max_tokens, self.max_seq_len) - 1
+        need = self.pages.num_pages_for(kv)
+        if need > self.pool.pages:
+            raise RequestError(f"the prompt ({len(ids)} tokens) and max_tokens="
+                               f"{params.max_tokens} can need KV for {kv} tokens = {need} pages "
+                               f"of {self.kv_block_size}, more than the whole pool "
+                               f"({self.pool.pages}): lower max_tokens or shorten the prompt",
+                               "max_tokens")  # fmt: skip
+        return [int(t) for t in ids]
+
+    def abort(self, request_id: str) -> None:
+        """Ends a request now (its pages freed); its last event has finish_reason "abort".
+        An unknown or finished id is ignored."""
+        req = self.scheduler.abort(request_id)
+        if req is not None:
+            self._forget(req)
+            self._events.append(self._event(req, (), None))
+
+    def has_unfinished(self) -> bool:
+        """Whether any request waits or runs."""
+        return self.scheduler.has_unfinished
+
+    def stats(self) -> dict[str, int]:
+        """`kv_pages_total`, `kv_pages_in_use` (held by requests; cached-only pages not
+        counted), `kv_pages_cached`, `requests_running`, `requests_waiting`."""
+        return {"kv_pages_total": self.pages.num_pages, "kv_pages_in_use": self.pages.num_in_use,
+                "kv_pages_cached": self.pages.num_cached,
+                "requests_running": self.scheduler.num_running,
+                "requests_waiting": self.scheduler.num_waiting}  # fmt: skip
+
+    @property
+    def preemptions(self) -> int:
+        """Requests preempted so far (their pages freed, their tokens recomputed later)."""
+        return self.scheduler.num_preemptions
+
+    def budget_table(self) -> str:
+        """The page pool's arithmetic (`KVPool.table`)."""
+        return self.pool.table()
+
+    # -- stepping -------------------------------------------------------------------------------
+
+    def step(self) -> list[TokenEvent]:
+        """Runs one engine step; returns the events of this step (new tokens, ends, aborts)."""
+        events, self._events = self._events, []
+        plan = self.scheduler.schedule()
+        if not plan.items:
+            return events
+        ends = {it.request.request_id: it.start + it.num_tokens == len(it.request.all_ids)
+                for it in plan.items}  # fmt: skip
+        out = self._run(plan, ends)
+        tokens = out.tokens()
+        want_lp = any(ends[it.request.request_id] and it.request.params.logprobs is not None
+                      for it in plan.items)  # fmt: skip
+        lps = out.logprobs() if want_lp else None
+        sampled = {it.request.request_id: int(tokens[it.slot]) for it in plan.items
+                   if ends[it.request.request_id]}  # fmt: skip
+        finished = {r.request_id for r in self.scheduler.update(plan, sampled)}
+        for it in plan.items:
+            req = it.request
+            if not ends[req.request_id]:
+                continue
+            lp = None
+            if lps is not None and req.params.logprobs is not None:
+                n = req.params.logprobs
+                chosen, ids, vals = lps
+                top = tuple((int(i), float(v)) for i, v in zip(ids[it.slot, :n], vals[it.slot, :n],
+                                                               strict=True))  # fmt: skip
+                lp = ((float(chosen[it.slot]), top),)
+            if req.request_id in finished:
+                self._forget(req)
+            events.append(self._event(req, (sampled[req.request_id],), lp))
+        return events
+
+    def _event(self, req: Request, tokens: tuple[int, ...], lp) -> TokenEvent:
+        return TokenEvent(req.request_id, tokens, lp, req.finish_reason,
+                          prompt_tokens=len(req.prompt_ids),
+                          completion_tokens=len(req.output_ids))  # fmt: skip
+
+    def _forget(self, req: Request) -> None:
+        self._requests.pop(req.request_id, None)
+        self._seeds.pop(req.request_id, None)
+
+    def _run(self, plan, ends: dict[str, bool]):
+        """Builds the step's inputs and runs `decode` or the right `mixed@T`."""
+        r, p = self.max_batch_size, self.runner.pages_per_seq
+        entries, active = {}, np.zeros(r, np.bool_)
+        for it in plan.items:
+            req = it.request
+            if self._slot_owner.get(it.slot) != req.request_id:
+                self._slot_owner[it.slot] = req.request_id
+                pr = req.params
+                if pr.repetition_penalty != 1 or pr.presence_penalty or pr.frequency_penalty:
+                    self.runner.reset_slot(it.slot, req.prompt_ids, req.output_ids)
+            seed = self._seeds[req.request_id]
+            entries[it.slot] = (req.params, seed, len(req.output_ids))
+            active[it.slot] = ends[req.request_id]
+        slots = slot_params(r, entries)
+        decode_only = all(it.num_tokens == 1 and ends[it.request.request_id]
+                          for it in plan.items)  # fmt: skip
+        if decode_only and self.recurrent and len(plan.items) < self.scheduler.num_running:
+            # A running request left out of a decode step would have its recurrent state
+            # advanced by its row's padding token; the mixed pass leaves it as it is.
+            decode_only = False
+        tables = np.zeros((r + 1, p), np.int32)
+        for req in self.scheduler.running:
+            pages = self.pages.pages(req.request_id)
+            tables[req.slot, : len(pages)] = pages
+        if decode_only:
+            self.stats_steps["decode"] += 1
+            tok, pos = np.zeros(r, np.int32), np.zeros(r, np.int32)
+            for it in plan.items:
+                tok[it.slot] = it.request.all_ids[it.start]
+                pos[it.slot] = it.start
+            dec_tables = np.where(active[:, None], tables[:r], 0).astype(np.int32)
+            return self.runner.decode(tok, pos, dec_tables, slots, active)
+        self.stats_steps["mixed"] += 1
+        by_slot = {it.slot: it for it in plan.items}
+        cached = np.zeros(r + 1, np.int32)
+        for req in self.scheduler.running:
+            cached[req.slot] = req.num_computed
+        pieces, lens = [], np.zeros(r + 1, np.int64)
+        for s in range(r):
+            it = by_slot.get(s)
+            if it is not None:
+                pieces.append(it.request.all_ids[it.start : it.start + it.num_tokens])
+                lens[s] = it.num_tokens
+                cached[s] = it.start
+        total = int(lens.sum())
+        t = self.runner.bucket(total)
+        lens[r] = t - total  # the padding sequence: null page, spare state row
+        tokens = np.zeros(t, np.int32)
+        if total:
+            tokens[:total] = np.concatenate([np.asarray(x, np.int32) for x in pieces])
+        cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+        return self.runner.mixed(tokens, cu, tables, cached, slots, active)
+
+    # -- offline --------------------------------------------------------------------------------
+
+    def generate(self, prompts: Sequence[Sequence[int]],
+                 params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 ) -> list[CompletionOutput]:  # fmt: skip
+        """Runs every prompt to completion (continuous batching); returns their outputs in
+        prompt order.
+
+        Raises:
+          RequestError: a bad prompt or parameter (raised before any request runs).
+        """
+        if params is None or isinstance(params, SamplingParams):
+            params = [params or SamplingParams()] * len(prompts)
+        if len(params) != len(prompts):
+            raise RequestError(f"{len(params)} SamplingParams for {len(prompts)} prompts")
+        ids = []
+        try:
+            for p, sp in zip(prompts, params, strict=True):
+                ids.append(self.add_request(p, sp))
+        except RequestError:
+            for rid in ids:
+                self.abort(rid)
+            self._events.clear()
+            raise
+        out = {rid: CompletionOutput(rid, list(p), [], None,
+                                     [] if sp.logprobs is not None else None)
+               for rid, p, sp in zip(ids, prompts, params, strict=True)}  # fmt: skip
+        pending = set(ids)
+        while pending:
+            for ev in self.step():
+                o = out.get(ev.request_id)
+                if o is None:
+                    continue
+                o.token_ids.extend(ev.token_ids)
+                if ev.logprobs is not None and o.logprobs is not None:
+                    o.logprobs.extend(ev.logprobs)
+                if ev.finished:
+                    o.finish_reason = ev.finish_reason
+                    pending.discard(ev.request_id)
+        return [out[rid] for rid in ids]
