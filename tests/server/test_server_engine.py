@@ -34,6 +34,9 @@ MAX_BATCH = 2
 # so the served tokens must equal the offline ones whatever runs beside them.
 PROMPTS = ["Numbers: 1 2 3", "日本語 🙂", "Some words", "Stop here."]
 NEW = 4
+# XLA:CPU at -O0 without its expensive passes, as the engine's own tests compile the fixtures
+# (tests/models/lm_runs.py FAST_CPU_COMPILE, where its effect is measured).
+FAST_CPU_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
 
 
 def _token_ids(result) -> list[int]:
@@ -56,7 +59,7 @@ def setup(tok):
 
     engine = Engine.from_pretrained(str(FIXTURE), max_batch_size=MAX_BATCH, max_seq_len=64,
                                     max_batch_tokens=32, kv_block_size=16, kv_pages=24,
-                                    log=lambda s: None)  # fmt: skip
+                                    compiler_options=FAST_CPU_COMPILE, log=None)  # fmt: skip
     greedy = SamplingParams(max_tokens=NEW, temperature=0, ignore_eos=True)
     # The offline reference, one prompt at a time (the served ones run batched).
     expected = {p: _token_ids(engine.generate([tok.encode(p)], greedy)[0]) for p in PROMPTS}
