@@ -129,3 +129,24 @@ def test_disconnect_frees_pages_and_pool_is_empty_after(setup):
     assert metric(srv.url, "jaxarena_kv_pages_in_use") == 0
     assert metric(srv.url, "jaxarena_requests_running") == 0
     assert metric(srv.url, "jaxarena_kv_pages_total") == 24
+
+
+def test_stop_string_on_engine_text(setup, client, tok):
+    _, expected = setup
+    texts = {p: tok.decode(expected[p]) for p in PROMPTS}
+    p, full = next((p, t) for p, t in texts.items() if len(t) >= 3 and t.find(t[1:3]) == 1)
+    r = client.completions.create(model=MODEL, prompt=p, max_tokens=NEW, temperature=0,
+                                  stop=[full[1:3]], extra_body={"ignore_eos": True})  # fmt: skip
+    assert r.choices[0].text == full[:1] and r.choices[0].finish_reason == "stop"
+
+
+def test_logprobs_from_the_engine(setup, client, tok):
+    _, expected = setup
+    p = PROMPTS[0]
+    r = client.completions.create(model=MODEL, prompt=p, max_tokens=NEW, temperature=0,
+                                  logprobs=2, extra_body={"ignore_eos": True})  # fmt: skip
+    lp = r.choices[0].logprobs
+    assert lp.tokens == [tok.token_text(t) for t in expected[p]]
+    for chosen, top in zip(lp.token_logprobs, lp.top_logprobs, strict=True):
+        # Greedy: the chosen token is the most likely one, a log-probability <= 0.
+        assert chosen <= 0 and len(top) <= 2 and abs(max(top.values()) - chosen) < 1e-6
