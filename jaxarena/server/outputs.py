@@ -78,6 +78,9 @@ class ChoiceRun:
                     raise EngineFailure(event.error or "the engine aborted the request")
                 now = time.monotonic()
                 logprobs = []
+                # The token that ended a request with "stop" (EOS or a stop_token_ids id) is
+                # counted but not part of the text (vLLM's default, as for stop strings).
+                ended = len(event.token_ids) - 1 if event.finish_reason == "stop" else -1
                 for j, token in enumerate(event.token_ids):
                     if last is None:
                         self.metrics.ttft.observe(now - self.arrival)
@@ -88,7 +91,7 @@ class ChoiceRun:
                     if event.logprobs is not None:
                         chosen, top = event.logprobs[j]
                         logprobs.append((token, chosen, tuple(top)))
-                    if self.detok.add(token):
+                    if j != ended and self.detok.add(token):
                         break
                 last = now if event.token_ids else last
                 if self.detok.stopped:

@@ -108,6 +108,16 @@ def test_chat_eos_finishes_with_stop(client, tok):
     assert r.choices[0].text == tok.decode(_greedy([EOS_TRIGGER, 9], 2))  # EOS not in the text
 
 
+def test_stop_token_ids_end_without_their_text(client, tok):
+    prompt = [50, 51]
+    ids = _greedy(prompt, 10)
+    r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=10, temperature=0,
+                                  extra_body={"stop_token_ids": [ids[3]]})  # fmt: skip
+    first = ids.index(ids[3])  # the id's first occurrence ends the request
+    assert r.choices[0].finish_reason == "stop" and r.usage.completion_tokens == first + 1
+    assert r.choices[0].text == tok.decode(ids[:first])
+
+
 def test_stop_strings(client, tok):
     prompt = [11, 12, 13]
     full = tok.decode(_greedy(prompt, 30))
