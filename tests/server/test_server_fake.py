@@ -239,10 +239,20 @@ def test_disconnect_mid_stream_frees_pages(server):
 
 
 def test_disconnect_non_streaming_aborts(server):
+    import socket
+    import urllib.parse
+
     before = len(server.engine.aborted)
-    body = {"model": MODEL, "prompt": [42], "max_tokens": 120, "temperature": 0}
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{server.url}/v1/completions", json=body, timeout=0.05)
+    body = json.dumps({"model": MODEL, "prompt": [42], "max_tokens": 120, "temperature": 0})
+    url = urllib.parse.urlsplit(server.url)
+    # A raw socket: the request is sent, seen running, then the client goes away.
+    with socket.create_connection((url.hostname, url.port), timeout=10) as s:
+        s.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                  f"\r\nContent-Length: {len(body)}\r\n\r\n{body}".encode())  # fmt: skip
+        deadline = time.monotonic() + 10
+        while metric(server.url, "jaxarena_requests_running") == 0:
+            assert time.monotonic() < deadline, "the request never ran"
+            time.sleep(0.01)
     _wait_idle(server.url)
     assert len(server.engine.aborted) == before + 1
 
