@@ -6,7 +6,7 @@ with another's tokens, and prints throughput and latency percentiles.
     python benchmarks/bench_serve.py --engine real        # the engine on the fixture checkpoint
     python benchmarks/bench_serve.py --clients 64 --requests 400 --json
 
-Every request is greedy with `ignore_eos`, `logprobs=2` and token-id prompts unique to it. A
+Every request is greedy with `ignore_eos`, `logprobs=5` and token-id prompts unique to it. A
 request is "mixed" when its streamed tokens (read from the logprobs) are not the ones the
 engine gives its prompt alone: the fake engine's token function, or for the real engine a
 replay of a sample of requests one at a time after the load (`--replay`), where a token on
@@ -61,7 +61,7 @@ def _requests(args: argparse.Namespace, vocab: int) -> list[dict]:
         # A tag of two ids makes every prompt distinct; the rest random (no special ids 0..2).
         prompt = [3 + i % 200, 3 + i // 200] + [rng.randrange(3, vocab) for _ in range(n - 1)]
         reqs.append({"prompt": prompt, "max_tokens": rng.randint(1, args.max_output),
-                     "temperature": 0, "ignore_eos": True, "logprobs": 2, "stream": True,
+                     "temperature": 0, "ignore_eos": True, "logprobs": TOP_N, "stream": True,
                      "stream_options": {"include_usage": True}})  # fmt: skip
     return reqs
 
@@ -116,6 +116,7 @@ async def _load(url: str, reqs: list[dict], clients: int, deadline: float) -> li
 # are more than 4 x 0.25 apart: the engine's own tests' near-tie rule, in log-probabilities
 # (the same logits less one logsumexp).
 TIE_NATS = 1.0
+TOP_N = 5  # logprobs asked for: a near-tie may hold more than two tokens
 
 
 def _near_tie(loaded: dict, alone: dict) -> bool:
@@ -180,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
               and results[i]["tokens"] != toks]  # fmt: skip
     # Real engine: a replay alone may pick the other side of a bf16 near-tie (the batch's
     # make-up changes the executable); that is a near-tie, not mixing, when at the first
-    # differing token the loaded run's token is in the replay's top 2 within TIE_NATS.
+    # differing token the loaded run's token is in the replay's top TOP_N within TIE_NATS.
     ties = [i for i in differ if i in replays and _near_tie(results[i], replays[i])]
     mixed = [i for i in differ if i not in ties]
     in_use = [line for line in pages.splitlines() if line.startswith("jaxarena_kv_pages_in_use ")]
@@ -203,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         a, b = results[i], replays[i]
         k = next(k for k, (x, y) in enumerate(zip(a["tokens"], b["tokens"])) if x != y)
         print(f"mixed request {i}: token {k}: {a['tokens'][k]!r} under load, {b['tokens'][k]!r} "
-              f"alone; alone's top 2: {b['tops'][k]}", file=sys.stderr)
+              f"alone; alone's top {TOP_N}: {b['tops'][k]}", file=sys.stderr)
     for i in lost[:5]:
         r = results[i] or {}
         why = r.get("error") or (f"finish_reason {r.get('finish')}, {len(r.get('tokens', ()))} of "
