@@ -1,4 +1,4 @@
-"""The `jaxarena` command line: `plan`, `budget`, `fit`, `step-report`, `demo`, `generate`.
+"""The `jaxarena` command line: `plan`, `budget`, `fit`, `step-report`, `demo`, `generate`, `serve`.
 
 jaxarena plan qwen3-8b --max-batch-tokens 8192 --max-seq-len 32768
 jaxarena plan ./config.json --json
@@ -518,6 +518,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--packed", action="store_true", help="pack the arena by buffer lifetimes")
     g.add_argument("--json", action="store_true", help="machine-readable output")
     g.set_defaults(func=cmd_generate)
+    from jaxarena.server.options import add_serve_parser, cmd_serve  # argparse only, no server
+
+    add_serve_parser(sub).set_defaults(func=lambda a: cmd_serve(a, CliError))
     for command in sub.choices.values():
         command.epilog = EPILOG
     return parser
