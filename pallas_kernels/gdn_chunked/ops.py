@@ -54,16 +54,16 @@ _BLOCK_V_STATE = 32
 _BLOCK_V_OUT = 64
 
 
-def _chunk_map(cu: jax.Array, num_slots: int, base: Any) -> tuple[jax.Array, jax.Array]:
-    """`(cmap int32[4, NT], nact int32[1])` of the chunk slots `base .. base + NT - 1` of the
-    call: per slot its sequence, first token, valid rows and flags (kernel.py), and the slots
-    of these in use. Sequence `s` takes `ceil(len_s / 64)` consecutive slots from
-    `sum_{r < s} ceil(len_r / 64)` (none when empty); a round of the arena form runs `NT` of
-    them at `base`, the physical slot being the index within the round."""
+def _chunk_map(cu: jax.Array, num_slots: int) -> tuple[jax.Array, jax.Array]:
+    """`(cmap int32[4, num_slots], used int32[])`: per chunk slot of the call its sequence,
+    first token, valid rows and flags (kernel.py), and the slots in use. Sequence `s` takes
+    `ceil(len_s / 64)` consecutive slots from `sum_{r < s} ceil(len_r / 64)` (none when
+    empty); round `r` of the arena form runs slots `r NT .. (r + 1) NT - 1` in the region's
+    slots `0 .. NT - 1`."""
     S = cu.shape[0] - 1
     lens = cu[1:] - cu[:-1]
     ccu = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum((lens + CHUNK - 1) // CHUNK)])
-    c = base + jnp.arange(num_slots, dtype=jnp.int32)
+    c = jnp.arange(num_slots, dtype=jnp.int32)
     # The last s with ccu[s] <= c (skips empty sequences); a count, not a searchsorted loop.
     seq = jnp.sum(ccu[None, 1:S] <= c[:, None], axis=1, dtype=jnp.int32)
     j = c - ccu[seq]
@@ -74,13 +74,7 @@ def _chunk_map(cu: jax.Array, num_slots: int, base: Any) -> tuple[jax.Array, jax
     flags = jnp.where(j == 0, FIRST, 0) | jnp.where(start + CHUNK >= end, LAST, 0)
     flags = jnp.where(active, flags | ACTIVE, 0)
     cmap = jnp.stack([seq, start, n, flags]).astype(jnp.int32)
-    nact = jnp.clip(ccu[S] - base, 0, num_slots).astype(jnp.int32)
-    return cmap, nact[None]
-
-
-def _total_slots(cu: jax.Array) -> jax.Array:
-    """Chunk slots the call uses: `sum_s ceil(len_s / 64)` (int32 scalar)."""
-    return jnp.sum((cu[1:] - cu[:-1] + CHUNK - 1) // CHUNK, dtype=jnp.int32)
+    return cmap, ccu[S].astype(jnp.int32)
 
 
 @functools.partial(jax.jit, static_argnames=("geom", "rounds", "interpret"))
@@ -99,8 +93,14 @@ def _gdn_impl(q, k, v, g, beta, final, cu, ws, *, geom: GdnGeom, rounds: bool, i
     out = dataclasses.replace(geom, block_v=min(_BLOCK_V_OUT, V))
     o_shape = jax.ShapeDtypeStruct((T, HV, V), v.dtype)
 
+    # The whole call's map at once (a few hundred ints; (T + 63 S) // 64 slots at most, so
+    # ceil of that over NT rounds): a round only slices it.
+    bound = max((T + (CHUNK - 1) * geom.num_seqs) // CHUNK, 1)
+    cmap_all, used = _chunk_map(cu, -(-bound // nt) * nt if rounds else nt)
+
     def one_round(base, ws, final, o):
-        cmap, nact = _chunk_map(cu, nt, base)
+        cmap = lax.dynamic_slice_in_dim(cmap_all, base, nt, axis=1)
+        nact = jnp.clip(used - base, 0, nt)[None]
         ws = pl.pallas_call(
             functools.partial(gdn_prep_kernel, geom=geom),
             grid=(nt, HV),
@@ -143,7 +143,7 @@ def _gdn_impl(q, k, v, g, beta, final, cu, ws, *, geom: GdnGeom, rounds: bool, i
     if not rounds:
         ws, final, o = one_round(0, ws, final, None)
         return o, final, ws
-    num_rounds = (_total_slots(cu) + nt - 1) // nt
+    num_rounds = (used + nt - 1) // nt
 
     def body(carry):
         r, ws, final, o = carry
