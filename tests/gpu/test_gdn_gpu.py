@@ -80,8 +80,11 @@ def test_chunked_arena_form_in_rounds_compiles_in_place(target):
     assert res.alias_bytes == plan.total_bytes
     o_bytes = T * HV * K * 2
     assert res.temp_bytes < 2 * o_bytes + MIB, (res.temp_bytes, o_bytes)
-    print(f"{target} T={T} S=257 (rounds): launches {res.launches} (each thunk once: {res.launches_static}), temp {res.temp_bytes} B; "
-          f"S={S}: launches {one.launches} ({one.launches_static}), temp {one.temp_bytes} B")
+    print(
+        f"{target} T={T} S=257 (rounds): launches {res.launches} (thunks each once: "
+        f"{res.launches_static}), temp {res.temp_bytes} B; S={S}: launches {one.launches}, "
+        f"temp {one.temp_bytes} B"
+    )
 
 
 def test_state_update_is_one_launch_in_place_without_spills(target):
