@@ -67,9 +67,11 @@ def test_chunked_arena_form_compiles_without_spills_and_flat_in_T(target):
 def test_chunked_arena_form_in_rounds_compiles_in_place(target):
     """257 sequences (a batch of 256 and its padding sequence) in T = 2048 tokens may need
     (T + 63 S) // 64 = 284 chunk slots, the region holds 48: the kernels run in a while loop of
-    rounds. The same three kernels without spills, the arena aliased, and the temp a few
-    times the one-round call's (the loop's carried o and its zeros; no copy of the scratch or
-    the arena, which are 10+ MiB)."""
+    rounds. The same three kernels without spills, the arena aliased, and the temp under
+    1 MiB (measured 7.5 KB: the call's chunk map, int32[4, 288], and the loop's scalars; o
+    and the final states are outputs), where a copy of the 126 MB scratch or of the arena
+    would need more. Per round: the 3 kernels, 3 small fusions (the round's slice of the
+    chunk map, its slot count, the counter) and the loop's compare."""
     T = 2048
     plan, res = _compile(T, target, 257)
     _, one = _compile(T, target)
@@ -78,8 +80,7 @@ def test_chunked_arena_form_in_rounds_compiles_in_place(target):
     for k in kernels.values():
         assert (k.spill_store_bytes, k.spill_load_bytes, k.stack_bytes) == (0, 0, 0), k
     assert res.alias_bytes == plan.total_bytes
-    o_bytes = T * HV * K * 2
-    assert res.temp_bytes < 2 * o_bytes + MIB, (res.temp_bytes, o_bytes)
+    assert res.temp_bytes < MIB, res.temp_bytes
     print(
         f"{target} T={T} S=257 (rounds): launches {res.launches} (thunks each once: "
         f"{res.launches_static}), temp {res.temp_bytes} B; S={S}: launches {one.launches}, "
