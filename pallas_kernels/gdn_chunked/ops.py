@@ -289,8 +289,11 @@ def gdn_chunked_into(
     `nt = ceil(M / 64) + 16` covers M tokens in at most 17 sequences). When that static bound
     does exceed `nt`, the kernels run in rounds (a `while_loop`) of `nt` slots each, as many
     as the slots in use need (`ceil(used / nt)`, one for most calls), a sequence cut by a
-    round boundary continuing from its f32 state (the same bits as without the cut). Each
-    round is three launches; the region's bytes stay the seed's.
+    round boundary continuing from its f32 state (the same bits as without the cut). A round
+    launches the three kernels and three scalar-sized XLA ops (its slice of the chunk map,
+    its slot count, the counter) besides the loop's compare; the region's bytes stay the
+    seed's. Every non-empty sequence still takes whole chunks (a one-token sequence does a
+    64-row chunk's work), as in one round.
 
     Args:
       arena: the plan's `uint8[rows, 256]` arena; donate it to the enclosing `jit`.
