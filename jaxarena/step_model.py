@@ -109,5 +109,5 @@ def format_model(steps: dict[str, dict[str, Any]]) -> list[str]:
                          f"results counted): {', '.join(s['undeclared'])}")  # fmt: skip
     lines.append("modeled: per kernel max(bytes / bandwidth, flops / peak) from the target's "
                  "spec, plus 4 us per graph segment; bound: the least the step must move "
-                 "(decode) or compute (prefill); uncalibrated (README, the step-time model)")  # fmt: skip
+                 "and compute; uncalibrated (README, the step-time model)")  # fmt: skip
     return lines

@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["KernelCost", "Workload", "declare_cost", "declared_cost", "hlo_signature"]
+__all__ = ["KernelCost", "Workload", "declare_cost", "declare_fixed", "declared_cost",
+           "hlo_signature", "nbytes", "touched_groups"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,3 +86,21 @@ def declared_cost(key: tuple) -> CostFn | None | str:
     if key not in _REGISTRY:
         return None
     return _REGISTRY[key] if _REGISTRY[key] is not None else "ambiguous"
+
+
+def nbytes(*arrays: Any) -> int:
+    """Bytes of arrays / shape-dtype structs together (None entries count 0)."""
+    return sum(int(np.prod(a.shape, dtype=np.int64)) * np.dtype(a.dtype).itemsize
+               for a in arrays if a is not None)  # fmt: skip
+
+
+def declare_fixed(name: str, grid: Sequence[int], operands: Sequence[Any], *, bytes: int,
+                  flops: int = 0) -> None:  # fmt: skip
+    """`declare_cost` of a cost the workload does not change."""
+    cost = KernelCost(int(bytes), int(flops))
+    declare_cost(name, grid, operands, lambda w: cost)
+
+
+def touched_groups(groups: int, rows: int) -> float:
+    """Expected groups (experts) `rows` rows routed uniformly at random touch."""
+    return groups * (1.0 - (1.0 - 1.0 / groups) ** rows) if groups else 0.0
