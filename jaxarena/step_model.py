@@ -17,7 +17,8 @@ from jaxarena.step_bound import minimum
 from jaxarena.step_cost import gpu_spec, step_cost
 from pallas_kernels._cost import Workload
 
-__all__ = ["COST_KEYS", "TOP_KERNELS", "default_context", "format_model", "model_step"]
+__all__ = ["COST_KEYS", "TOP_KERNELS", "compiled_cost", "default_context", "format_model",
+           "model_step"]
 
 COST_KEYS = ("context", "bytes_moved", "min_bytes", "flops", "min_flops", "kernel_seconds",
              "launch_seconds", "modeled_seconds", "bound_seconds", "bound",
@@ -42,9 +43,7 @@ def model_step(res: Any, lm: Any, params: Any, caches: Any, kind: str, *,
     if context < 1:
         raise ValueError(f"context={context} must be >= 1 (tokens each sequence attends)")
     spec = gpu_spec(res.target)
-    graphs = res.graph_thunks is not None
-    cost = step_cost(res.hlo_text, res.graph_thunks if graphs else res.thunks, res.thunk_names,
-                     spec, Workload(context), graphs=graphs)  # fmt: skip
+    cost = compiled_cost(res, context)
     pool = -(-max(lm.max_seq_len, lm.max_batch_tokens) // lm.kv_block_size)
     low = minimum(lm, params, caches, kind, rows=lm.max_batch_size + 1, context=context,
                   pool=pool)  # fmt: skip
@@ -72,6 +71,15 @@ def model_step(res: Any, lm: Any, params: Any, caches: Any, kind: str, *,
                          "flops": k.flops, "seconds": k.seconds, "how": k.how}
                         for k in cost.kernels[:TOP_KERNELS]],  # fmt: skip
     }
+
+
+def compiled_cost(res: Any, context: int) -> Any:
+    """`jaxarena.step_cost.step_cost` of a dumped `GpuCompiled` at `Workload(context)`: the
+    graphs XLA formed when the dump has the thunk sequence after its passes, else XLA's rule
+    applied to the sequence before them."""
+    graphs = res.graph_thunks is not None
+    return step_cost(res.hlo_text, res.graph_thunks if graphs else res.thunks, res.thunk_names,
+                     gpu_spec(res.target), Workload(context), graphs=graphs)  # fmt: skip
 
 
 def _leaves(tree: Any) -> list[Any]:
