@@ -73,13 +73,13 @@ def model_step(res: Any, lm: Any, params: Any, caches: Any, kind: str, *,
     }
 
 
-def compiled_cost(res: Any, context: int) -> Any:
-    """`jaxarena.step_cost.step_cost` of a dumped `GpuCompiled` at `Workload(context)`: the
-    graphs XLA formed when the dump has the thunk sequence after its passes, else XLA's rule
-    applied to the sequence before them."""
+def compiled_cost(res: Any, context: int, spec: Any = None) -> Any:
+    """`jaxarena.step_cost.step_cost` of a dumped `GpuCompiled` at `Workload(context)` for
+    `spec` (default: `gpu_spec(res.target)`): the graphs XLA formed when the dump has the
+    thunk sequence after its passes, else XLA's rule applied to the sequence before them."""
     graphs = res.graph_thunks is not None
     return step_cost(res.hlo_text, res.graph_thunks if graphs else res.thunks, res.thunk_names,
-                     gpu_spec(res.target), Workload(context), graphs=graphs)  # fmt: skip
+                     spec or gpu_spec(res.target), Workload(context), graphs=graphs)  # fmt: skip
 
 
 def _leaves(tree: Any) -> list[Any]:
