@@ -33,7 +33,7 @@ from _timing import median_seconds  # noqa: E402
 from jaxarena import gpu_aot  # noqa: E402
 from jaxarena.step_cost import gpu_spec  # noqa: E402
 from jaxarena.step_model import compiled_cost  # noqa: E402
-from jaxarena.step_report import _step_args, abstract_model  # noqa: E402
+from jaxarena.step_report import step_args, abstract_model  # noqa: E402
 
 
 def _config(model: str, layers: int | None, folder: Path) -> str:
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> None:
         lm, params, caches = abstract_model(model, target=args.target, max_batch_size=b,
                                             max_seq_len=max(2048, 2 * args.context),
                                             max_batch_tokens=512)  # fmt: skip
-        fn, extra = _step_args(lm, "decode")
+        fn, extra = step_args(lm, "decode")
         step = jax.jit(fn, donate_argnums=(1, 2))
         per_seq = extra[2].shape[1]
         if not on_gpu:

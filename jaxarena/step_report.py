@@ -45,7 +45,7 @@ from jaxarena.models.families.registry import family_for
 from jaxarena.models.stack import ArenaLM
 from jaxarena.step_model import COST_KEYS, format_model, model_step
 
-__all__ = ["STEP_KEYS", "TARGETS", "ModelSource", "abstract_model", "step_report"]
+__all__ = ["STEP_KEYS", "TARGETS", "ModelSource", "abstract_model", "step_args", "step_report"]
 
 TARGETS = ("h200", "b200", "cpu")
 # The sizing `Target` each compile target's plan is built for (the split-K workspace and
@@ -275,7 +275,7 @@ def _check_target(target: Any) -> str:
 # -- compiling -----------------------------------------------------------------------------------
 
 
-def _step_args(lm: ArenaLM, kind: str) -> tuple[Callable, tuple[Any, ...]]:
+def step_args(lm: ArenaLM, kind: str) -> tuple[Callable, tuple[Any, ...]]:
     """The step function and its extra abstract arguments (after params, arena, caches)."""
     per_seq = -(-max(lm.max_seq_len, lm.max_batch_tokens) // lm.kv_block_size)
     if kind == "prefill":
@@ -314,7 +314,7 @@ def compile_step(lm: ArenaLM, params: Any, caches: Any, kind: str, target: str, 
     Raises:
       GpuUnavailable: a GPU target without the CUDA plugin (`jaxarena.gpu_aot.gpu_device`).
     """
-    fn, extra = _step_args(lm, kind)
+    fn, extra = step_args(lm, kind)
     arena = S(lm.plan.arena_shape, jnp.uint8)
     step = jax.jit(fn, donate_argnums=(1, 2))
     if target == "cpu":
