@@ -150,8 +150,6 @@ _CONTRACT = re.compile(r"lhs_contracting_dims=\{([\d,]*)\}")
 _CUBLAS_CONTRACT = re.compile(r'"lhs_contracting_dimensions":\[([^\]]*)\]')
 _KERNEL_NAME = re.compile(r'\bname\s*=\s*"([^"\\]+)"')
 _GRID = re.compile(r"grid_([xyz])\s*=\s*(\d+)")
-_LAYOUTS = re.compile(r"operand_layout_constraints=\{(.*?)\}\s*,\s*(?:output_to|api_version|"
-                      r"metadata|custom_call|backend)")  # fmt: skip
 _ALIAS = re.compile(r"output_to_operand_aliasing=\{(.*?)\}\s*,\s*[a-z_]+=")
 
 

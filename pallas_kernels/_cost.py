@@ -5,8 +5,9 @@ XLA sees a Pallas-Triton kernel as an opaque custom call (its cost analysis coun
 and flops), and an arena-form kernel takes the WHOLE arena as an operand though it touches a
 few rows of it; its operands say nothing about what it moves. So each wrapper calls
 `declare_cost` while it is traced, with the kernel's name, its grid and its operands: that
-triple is what the compiled HLO's custom call shows (`name`, `grid_x/y/z`,
-`operand_layout_constraints`), and `jaxarena.step_cost` finds the declaration by it.
+triple is what the compiled HLO's custom call shows (`name`, `grid_x/y/z` whose product is
+the grid's, `operand_layout_constraints`), and `jaxarena.step_cost` finds the declaration by
+it.
 
 The registry is global and never cleared: a wrapper inside an inner `jax.jit` is traced once
 per shape signature and the trace is cached, so a second compile of the same step would
