@@ -248,13 +248,13 @@ class _Module:
         programs = math.prod(int(grid.get(a, 1)) for a in "xyz")
         shapes = [(d, tuple(int(v) for v in s.split(",") if v))
                   for shape in operand_shapes for d, s in _ARRAY.findall(shape)[:1]]  # fmt: skip
-        fn = declared_cost(hlo_signature(name, programs, shapes))
-        if callable(fn):
-            return fn(workload), "bf16", "declared"
+        fn, ambiguous = declared_cost(hlo_signature(name, programs, shapes))
+        if fn is not None:
+            return fn(workload), "bf16", "ambiguous" if ambiguous else "declared"
         aliased = _aliased_operands(ins.attrs)
         read = sum(shape_bytes(s) for k, s in enumerate(operand_shapes) if k not in aliased)
         out = 0 if aliased else shape_bytes(ins.shape)
-        return KernelCost(read + out, 0), "", fn or "undeclared"
+        return KernelCost(read + out, 0), "", "undeclared"
 
 
 def _aliased_operands(attrs: str) -> set[int]:
@@ -274,8 +274,9 @@ class KernelRow:
       launches: per call of the step.
       bytes, flops: per launch; seconds: the model's time of all its launches.
       how: "hlo" (from the operands and results), "declared" (the Pallas kernel's declared
-        cost), "undeclared" / "ambiguous" (a Pallas kernel without a usable declaration:
-        operands and results less its aliased buffers), "unknown" (no HLO instruction found).
+        cost), "ambiguous" (two kernels of the compile declared different costs under one
+        key: the larger), "undeclared" (a Pallas kernel without a declaration: operands and
+        results less its aliased buffers), "unknown" (no HLO instruction found).
     """
 
     name: str

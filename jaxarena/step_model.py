@@ -114,7 +114,8 @@ def format_model(steps: dict[str, dict[str, Any]]) -> list[str]:
         lines.append(f"  {kind} graph segments ended by ({s['graphs_from']}): {splits}")
         if s["undeclared"]:
             lines.append(f"  {kind}: Pallas kernels without a declared cost (operands and "
-                         f"results counted): {', '.join(s['undeclared'])}")  # fmt: skip
+                         f"results counted) or with an ambiguous one (the larger): "
+                         f"{', '.join(s['undeclared'])}")  # fmt: skip
     lines.append("modeled: per kernel max(bytes / bandwidth, flops / peak) from the target's "
                  "spec, plus 4 us per graph segment; bound: the least the step must move "
                  "and compute; uncalibrated (README, the step-time model)")  # fmt: skip

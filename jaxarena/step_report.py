@@ -44,6 +44,7 @@ from jaxarena.models.checkpoint import DTYPES, Reader, fp8_spec, open_checkpoint
 from jaxarena.models.families.registry import family_for
 from jaxarena.models.stack import ArenaLM
 from jaxarena.step_model import COST_KEYS, format_model, model_step
+from pallas_kernels._cost import new_session
 
 __all__ = ["STEP_KEYS", "TARGETS", "ModelSource", "abstract_model", "step_args", "step_report"]
 
@@ -317,6 +318,7 @@ def compile_step(lm: ArenaLM, params: Any, caches: Any, kind: str, target: str, 
     fn, extra = step_args(lm, kind)
     arena = S(lm.plan.arena_shape, jnp.uint8)
     step = jax.jit(fn, donate_argnums=(1, 2))
+    new_session()  # the Pallas kernels' cost declarations from here on are this step's
     if target == "cpu":
         t0 = time.perf_counter()
         compiled = step.trace(params, arena, caches, *extra).lower().compile()

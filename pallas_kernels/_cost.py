@@ -12,8 +12,8 @@ it.
 The registry is global and never cleared: a wrapper inside an inner `jax.jit` is traced once
 per shape signature and the trace is cached, so a second compile of the same step would
 declare nothing. A cost is a pure function of the static shapes and the `Workload`, so one
-declaration per key is right for every later compile; a key declared twice with different
-costs (two kernels the key cannot tell apart) is marked ambiguous and reported as such.
+declaration per key serves later compiles until the key is declared again (`new_session`
+says when two declarations of a key are one compile's: then it is ambiguous).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["KernelCost", "Workload", "declare_cost", "declare_fixed", "declared_cost",
-           "hlo_signature", "nbytes", "touched_groups"]
+           "hlo_signature", "nbytes", "new_session", "touched_groups"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +50,9 @@ class KernelCost:
 
 
 CostFn = Callable[[Workload], KernelCost]
-_REGISTRY: dict[tuple, CostFn | None] = {}
+_REGISTRY: dict[tuple, CostFn] = {}
+_SESSION: dict[tuple, CostFn] = {}
+_AMBIGUOUS: set[tuple] = set()
 
 # numpy dtype name -> XLA's primitive type name, as the HLO text prints shapes.
 _HLO_DTYPES = {
@@ -68,25 +70,34 @@ def hlo_signature(name: str, programs: int, shapes: Sequence[tuple[str, tuple[in
     return (name, int(programs), tuple((d, tuple(int(v) for v in s)) for d, s in shapes))
 
 
+def new_session() -> None:
+    """Starts a compile: declarations from now on are this compile's. A key declared twice
+    with different costs within one session is ambiguous (two kernels of the compile that the
+    key cannot tell apart); across sessions the latest declaration wins (the same key in an
+    earlier compile may have had other runtime sizes behind the same shapes)."""
+    _SESSION.clear()
+
+
 def declare_cost(name: str, grid: Sequence[int], operands: Sequence[Any], cost: CostFn) -> None:
     """Records `cost` (a function of the `Workload`) for the kernel `name` launched on `grid`
     with `operands` (arrays or tracers: only their shapes and dtypes are read)."""
     shapes = [(_HLO_DTYPES[np.dtype(x.dtype).name], tuple(x.shape)) for x in operands]
     key = hlo_signature(name, int(np.prod([int(g) for g in grid])), shapes)
-    if key in _REGISTRY and _REGISTRY[key] is not None:
-        probe = Workload(context=1000)
-        if _REGISTRY[key](probe) != cost(probe):
-            _REGISTRY[key] = None  # two kernels this key cannot tell apart: ambiguous
+    probe = Workload(context=1000)
+    if key in _SESSION:
+        if _SESSION[key](probe) != cost(probe):
+            first, second = _SESSION[key], cost
+            _AMBIGUOUS.add(key)
+            _REGISTRY[key] = lambda w: max(first(w), second(w), key=lambda c: c.bytes)
         return
-    _REGISTRY.setdefault(key, cost)
+    _SESSION[key] = _REGISTRY[key] = cost
+    _AMBIGUOUS.discard(key)
 
 
-def declared_cost(key: tuple) -> CostFn | None | str:
-    """The cost function declared for `key` (`hlo_signature`); "ambiguous" when two kernels
-    declared different costs under it; None when nothing was declared."""
-    if key not in _REGISTRY:
-        return None
-    return _REGISTRY[key] if _REGISTRY[key] is not None else "ambiguous"
+def declared_cost(key: tuple) -> tuple[CostFn | None, bool]:
+    """`(the cost function declared for key (hlo_signature) or None, ambiguous)`; an
+    ambiguous key's function gives the larger of the costs declared under it."""
+    return _REGISTRY.get(key), key in _AMBIGUOUS
 
 
 def nbytes(*arrays: Any) -> int:

@@ -298,3 +298,25 @@ def test_splitk_declares_the_pages_it_reads():
     assert got["splitk_decode_attention"] == _cost.KernelCost(
         kv + B * Hq * D * 2 + B * (3 + 1) * 4 + partials, 2 * B * Hq * 40 * (D + D))
     assert got["splitk_combine"].bytes == partials + B * Hq * D * 2
+
+
+def test_a_key_declared_twice_in_one_compile_is_ambiguous():
+    """Two kernels of one compile with the same name, grid and operands but different costs
+    are ambiguous (counted at the larger); in a later compile the latest declaration wins
+    (the same shapes may stand for other runtime sizes, e.g. a grouped GEMM's rows)."""
+    from pallas_kernels import _cost
+
+    x = jax.ShapeDtypeStruct((3, 5), np.float32)
+    key = _cost.hlo_signature("k_test", 6, [("f32", (3, 5))])
+    small, big = _cost.KernelCost(10, 1), _cost.KernelCost(20, 2)
+    _cost.new_session()
+    _cost.declare_fixed("k_test", (2, 3), [x], bytes=10, flops=1)
+    fn, ambiguous = _cost.declared_cost(key)
+    assert (fn(_cost.Workload(1)), ambiguous) == (small, False)
+    _cost.declare_fixed("k_test", (2, 3), [x], bytes=20, flops=2)
+    fn, ambiguous = _cost.declared_cost(key)
+    assert (fn(_cost.Workload(1)), ambiguous) == (big, True)
+    _cost.new_session()
+    _cost.declare_fixed("k_test", (6,), [x], bytes=10, flops=1)
+    fn, ambiguous = _cost.declared_cost(key)
+    assert (fn(_cost.Workload(1)), ambiguous) == (small, False)
