@@ -114,4 +114,7 @@ def add_step_report_options(p: argparse.ArgumentParser) -> None:
         default=None,
         help="weight format (default: as the checkpoint / config stores them)",
     )
+    p.add_argument("--context", type=int, default=None,
+                   help="tokens each sequence attends, for the modeled time (default: 1024, "
+                   "at most --max-seq-len)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="machine-readable output")

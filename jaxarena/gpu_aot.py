@@ -260,6 +260,9 @@ class GpuCompiled:
       unknown_thunk_kinds: thunk kinds counted as launches though this module does not know
         them.
       kernels: `ptxas -v` resources per kernel (empty without a dump).
+      thunk_names: thunk id -> the HLO instruction it runs (empty without a dump).
+      graph_thunks: the thunk tree after XLA's thunk passes, its command buffers (CUDA
+        graphs) in place; None when the dump has no such sequence.
     """
 
     compiled: Any
@@ -276,6 +279,8 @@ class GpuCompiled:
     launches_static: int | None = None
     unknown_thunk_kinds: tuple[str, ...] = ()
     kernels: list[KernelResources] = dataclasses.field(default_factory=list)
+    thunk_names: dict[int, str] = dataclasses.field(default_factory=dict)
+    graph_thunks: list[Thunk] | None = None
 
     def memory_analysis(self) -> dict[str, int]:
         """`{"temp_bytes", "argument_bytes", "output_bytes", "alias_bytes"}` on the GPU."""
