@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The one prepared device check: compile-time predictions and real-GPU figures in one call
-# (under 10 minutes: the time limits below add up to 570 s), logs under
+# (at most 10 minutes: the time limits below add up to 600 s), logs under
 # ${OUT:-/tmp/jaxarena-bench}. Expects jax with CUDA installed (pip install -e ".[cuda13]", or
 # ".[cuda]"). Run from the repository root:  bash benchmarks/gpu_all.sh
 #   1. predicted: the CI gate's footprint/launch/register figures, compiled for an H200 without
@@ -8,7 +8,9 @@
 #   2. real: the copy bandwidth (a plain XLA a + 1 over 1 GiB) and every kernel's achieved GB/s
 #      against it, with the real compile's temp/alias bytes and launches
 #      (benchmarks/gpu_bandwidth.py): compare its footprint column with step 1's;
-#   3. the per-kernel benchmarks against their XLA baselines.
+#   3. the per-kernel benchmarks against their XLA baselines;
+#   4. step-report's modeled decode time beside the measured one (benchmarks/step_time.py:
+#      Qwen3-8B cut to 2 layers, batch 1 and 8, 1024 tokens of context).
 set -uo pipefail
 out="${OUT:-/tmp/jaxarena-bench}"
 mkdir -p "$out"
@@ -30,3 +32,4 @@ run fp8 60 python benchmarks/bench_fp8_block_quant.py --m 16 4096
 run splitk 120 python benchmarks/bench_splitk_decode_attention.py
 run ssd 60 python benchmarks/bench_ssd_chunked_scan.py
 run arena_views 30 python benchmarks/bench_arena_views.py --runs 200
+run step_time 30 python benchmarks/step_time.py --layers 2 --batch 1 8 --min-seconds 0.2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 DEFAULT_LIMITS = {
     "max_batch_tokens": 8192,
@@ -14,6 +15,19 @@ DEFAULT_LIMITS = {
 # Named, not detected, so the same command gives the same numbers on every machine and never
 # imports jax; `--target auto` asks jax for its default device.
 DEFAULT_TARGET = "gb10"
+# `step-report --target`: the compile targets (gpu_specs/*.txtpb) under every GPU name the
+# sizing targets accept; any Hopper part compiles as the H200 (sm_90a, 132 SMs).
+STEP_REPORT_TARGETS = {
+    "h200": "h200", "hopper": "h200", "h100": "h200", "h800": "h200", "gh200": "h200",
+    "b200": "b200", "cpu": "cpu",
+}  # fmt: skip
+
+
+def stored_weights(config: Any) -> str:
+    """The `--weights` a budget defaults to: the format the checkpoint stores (its
+    `quantization_config`: `fp8` block-scaled, `mxfp4` experts), else bf16."""
+    stored = getattr(config, "quant_method", "")
+    return stored if stored in ("fp8", "mxfp4") else "bf16"
 
 
 def add_limits(
@@ -22,16 +36,18 @@ def add_limits(
     if with_tokens:
         p.add_argument("--max-batch-tokens", type=int, default=DEFAULT_LIMITS["max_batch_tokens"],
                        help="token rows of one forward pass (default %(default)s)")  # fmt: skip
-    p.add_argument("--max-seq-len", type=int, default=DEFAULT_LIMITS["max_seq_len"],
-                   help="longest sequence (default %(default)s)")  # fmt: skip
+    p.add_argument("--max-seq-len", type=int, default=None,
+                   help=f"longest sequence, at most the model's max_position_embeddings "
+                   f"(default {DEFAULT_LIMITS['max_seq_len']}, or that when shorter)")  # fmt: skip
     p.add_argument("--kv-block-size", type=int, default=DEFAULT_LIMITS["kv_block_size"],
-                   help="paged-KV block size in tokens, 0 = unpaged (default %(default)s)")  # fmt: skip
+                   help="paged-KV block size in tokens, a power of two; 0 = unpaged "
+                   "(default %(default)s)")  # fmt: skip
     p.add_argument("--max-batch-size", type=int, default=batch_default,
                    help="sequence slots (default %(default)s)" if batch_default else
                    "sequence slots (default: the larger of 64 and --sequences)")  # fmt: skip
     p.add_argument("--target", default=DEFAULT_TARGET,
-                   help="hardware target: gb10 (default: the seed's baseline), hopper, b200, "
-                   "b300, ...; auto = jax's default device (imports jax)")  # fmt: skip
+                   help="hardware target: gb10 (default: the seed's baseline), h100 / h200 "
+                   "(hopper), b200, b300, ...; auto = jax's default device (imports jax)")  # fmt: skip
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (per-device plan)")
     p.add_argument("--ep", type=int, default=1, help="expert-parallel degree (per-device plan)")
     p.add_argument("--align", type=int, default=256, help="region alignment in bytes")
@@ -48,9 +64,11 @@ def add_budget_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--weights",
-        choices=("bf16", "fp8"),
-        default="bf16",
-        help="weight format: bf16, or fp8 with 128x128 block scales (default bf16)",
+        choices=("bf16", "fp8", "mxfp4"),
+        default=None,
+        help="weight format: bf16, fp8 with 128x128 block scales, or mxfp4 experts (4-bit, "
+        "one e8m0 scale per 32) (default: what the config's quantization_config stores, "
+        "else bf16)",
     )
     p.add_argument(
         "--kv-dtype",
@@ -67,7 +85,8 @@ def add_budget_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--reserve",
         default=None,
-        help="memory left to the runtime and XLA, e.g. 4GiB (default 1 GiB + 5%%)",
+        help="memory left to the runtime and XLA, e.g. 4GiB (default: 1 GiB + the XLA temp "
+        "of the steps, estimated; measured with --compiled)",
     )
 
 
@@ -75,15 +94,18 @@ def add_step_report_options(p: argparse.ArgumentParser) -> None:
     """`jaxarena step-report`'s options: the model, the compile target, the serve limits."""
     p.add_argument("model", help="preset name, config.json path, or checkpoint directory "
                    "(only its config and safetensors headers are read)")  # fmt: skip
-    p.add_argument("--target", choices=("h200", "b200", "cpu"), default="h200",
-                   help="compile for an H200 / B200 without a GPU (needs the CUDA plugin) or "
-                   "for this CPU (default %(default)s)")  # fmt: skip
+    p.add_argument("--target", choices=tuple(STEP_REPORT_TARGETS), default="h200",
+                   type=str.lower, metavar="{h200,h100,hopper,b200,cpu}",
+                   help="compile for an H200 (any Hopper: h100, hopper) / B200 without a GPU "
+                   "(needs the gpu-aot extra: pip install 'jaxarena[gpu-aot]') or for this "
+                   "CPU (default %(default)s)")  # fmt: skip
     p.add_argument("--max-batch-tokens", type=int, default=DEFAULT_LIMITS["max_batch_tokens"],
                    help="prefill tokens (default %(default)s)")  # fmt: skip
-    p.add_argument("--max-seq-len", type=int, default=DEFAULT_LIMITS["max_seq_len"],
-                   help="longest sequence (default %(default)s)")  # fmt: skip
+    p.add_argument("--max-seq-len", type=int, default=None,
+                   help=f"longest sequence, at most the model's max_position_embeddings "
+                   f"(default {DEFAULT_LIMITS['max_seq_len']}, or that when shorter)")  # fmt: skip
     p.add_argument("--kv-block-size", type=int, default=DEFAULT_LIMITS["kv_block_size"],
-                   help="paged-KV block size in tokens (default %(default)s)")  # fmt: skip
+                   help="paged-KV block size in tokens, a power of two (default %(default)s)")  # fmt: skip
     p.add_argument("--max-batch-size", type=int, default=DEFAULT_LIMITS["max_batch_size"],
                    help="decode sequences (default %(default)s)")  # fmt: skip
     p.add_argument(
@@ -92,4 +114,7 @@ def add_step_report_options(p: argparse.ArgumentParser) -> None:
         default=None,
         help="weight format (default: as the checkpoint / config stores them)",
     )
+    p.add_argument("--context", type=int, default=None,
+                   help="tokens each sequence attends, for the modeled time (default: 1024, "
+                   "at most --max-seq-len)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="machine-readable output")

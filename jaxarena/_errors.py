@@ -5,7 +5,7 @@ A leaf: imports nothing from jaxarena.
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "ArenaError", "GuardError", "join_problems"]
+__all__ = ["ConfigError", "ConfigWarning", "ArenaError", "GuardError", "join_problems"]
 
 
 class ConfigError(ValueError):
@@ -15,6 +15,12 @@ class ConfigError(ValueError):
     inconsistent head count and every other rule `ModelConfig` enforces. The message names the
     field (and the file, when the config came from one).
     """
+
+
+class ConfigWarning(UserWarning):
+    """A config was read, but with a guess the user should know about: an unknown family read
+    with the generic rule, a sequence past the model's context that RoPE scaling may extend.
+    The command line prints each as one `jaxarena: warning:` line."""
 
 
 class ArenaError(ValueError):

@@ -1,4 +1,4 @@
-"""The `jaxarena` command line: `plan`, `budget`, `fit`, `step-report`, `demo`, `generate`.
+"""The `jaxarena` command line: `plan`, `budget`, `fit`, `step-report`, `demo`, `generate`, `serve`.
 
 jaxarena plan qwen3-8b --max-batch-tokens 8192 --max-seq-len 32768
 jaxarena plan ./config.json --json
@@ -32,15 +32,27 @@ from jaxarena import (
     ModelConfig,
     Target,
     packing_report,
-    parse_memory,
+    parse_memory,  # noqa: F401 - re-exported: `from jaxarena.cli import parse_memory`
     presets,
 )
 from jaxarena._arena.report import plot_plan
+from jaxarena._cli_budget import budget_table
+from jaxarena._cli_checks import (
+    auto_fallback_note,
+    check_kv_block_size,
+    cli_output,
+    join_negative_values,
+    memory_option,
+    stdout_closed,
+    version,
+)
 from jaxarena._cli_options import (
     DEFAULT_LIMITS,
+    STEP_REPORT_TARGETS,
     add_budget_options,
     add_limits,
     add_step_report_options,
+    stored_weights,
 )
 from jaxarena._units import format_bytes, plural
 
@@ -98,6 +110,22 @@ def _load_model(spec: str | None):
     raise CliError(f"no preset or file named {name!r}; presets: {', '.join(presets())}")
 
 
+def _model(args: argparse.Namespace):
+    """The model of a `plan` / `budget` / `fit` command, its context checked against
+    `--max-seq-len` (refused past it; a warning for the default or a RoPE-scaled model)."""
+    config = _load_model(args.model)
+    if args.max_seq_len is None:  # the default, within the model's context
+        args.max_seq_len = _default_seq_len(config)
+    else:
+        config.check_context(args.max_seq_len, f"--max-seq-len {args.max_seq_len:,}", CliError)
+    return config
+
+
+def _default_seq_len(config) -> int:
+    """`--max-seq-len`'s default: 32,768, or the model's context when that is shorter."""
+    return min(DEFAULT_LIMITS["max_seq_len"], config.max_position_embeddings or 1 << 62)
+
+
 def _exists(path: str) -> bool:
     try:  # a name past the file system's limits is no file (ENAMETOOLONG), not a crash
         return Path(path).exists()
@@ -110,7 +138,10 @@ def _resolve_target(name: str) -> Target:
     `fit --arena-only` asked jax for its device at every bisection step). `auto` is jax's
     default device and the one spelling that imports jax."""
     if name == "auto":
-        return Target.detect()
+        target = Target.detect()
+        if target.name == "gb10":  # the fallback: say why, the numbers are a baseline's
+            print(f"jaxarena: note: {auto_fallback_note()}", file=sys.stderr)
+        return target
     try:
         return Target.preset(name)
     except ValueError as e:
@@ -130,7 +161,7 @@ def _sizes(args: argparse.Namespace, config, max_batch_tokens: int | None = None
 
 
 def _config_for(args: argparse.Namespace):
-    config = _load_model(args.model)
+    config = _model(args)
     if args.tp != 1 or args.ep != 1:
         config = config.shard(tp=args.tp, ep=args.ep)
     return config
@@ -160,7 +191,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             "tp": args.tp,
             "ep": args.ep,
             "align_bytes": args.align,
-            "total_bytes": plan.total_bytes,
+            "total_bytes": (packed_plan or plan).total_bytes,
             "buffer_bytes": sizes.total_bytes(),
             "seed_total_bytes": sizes.seed_total_bytes(),
             "buffers": sizes.as_dict(),
@@ -179,7 +210,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             f"model {args.model or DEFAULT_MODEL} [{config.model_type or 'custom'}]{where}, "
             f"target {args.target.name}, " + ", ".join(f"{k}={v}" for k, v in limits.items())
         )
-        print(plan.describe())
+        print((packed_plan or plan).describe())  # --packed: the packed offsets
         print(
             f"seed total (without o_latent, norm_unit_w): {sizes.seed_total_bytes():,} bytes "
             f"({format_bytes(sizes.seed_total_bytes())})"
@@ -214,18 +245,19 @@ def _budget_for(args: argparse.Namespace, config, **changes) -> MemoryBudget:
     """The `MemoryBudget` the `budget` and `fit` subcommands describe."""
     kw = dict(
         config=config,
-        memory_bytes=_memory(args.memory),
+        memory_bytes=memory_option(args.memory, "--memory", CliError),
         max_batch_tokens=getattr(args, "max_batch_tokens", DEFAULT_LIMITS["max_batch_tokens"]),
         max_seq_len=args.max_seq_len,
         kv_block_size=args.kv_block_size,
         max_batch_size=args.max_batch_size,
         tp=args.tp,
         ep=args.ep,
-        weights=args.weights,
+        weights=args.weights or stored_weights(config),
         kv_dtype=args.kv_dtype,
         state_dtype=args.state_dtype,
         arena="packed" if args.packed else "sequential",
-        reserve=None if args.reserve is None else _memory(args.reserve, "--reserve", zero=True),
+        reserve=None if args.reserve is None else memory_option(args.reserve, "--reserve",
+                                                                CliError, zero=True),
         levers=Levers.from_env(),
         target=args.target,
         align_bytes=args.align,
@@ -234,56 +266,12 @@ def _budget_for(args: argparse.Namespace, config, **changes) -> MemoryBudget:
     return MemoryBudget(**kw)
 
 
-def _memory(text: str, flag: str = "--memory", *, zero: bool = False) -> int:
-    if zero and text.strip() in ("0", "0B", "0b"):
-        return 0
-    try:
-        return parse_memory(text)
-    except ValueError as e:  # "memory '8XB' is not a size; ..." -> "--memory '8XB' is ..."
-        raise CliError(str(e).replace("memory", flag, 1)) from None
-
-
-def _reserve_note(b: MemoryBudget) -> str:
-    if b.reserve_source == "given":
-        return "--reserve"
-    hint = ", see --compiled" if b.reserve_source == "estimated" else ""
-    return f"runtime 1 GiB + XLA temp {format_bytes(b.step_temp_bytes)} ({b.reserve_source}{hint})"
-
-
-def _budget_table(b: MemoryBudget, name: str) -> str:
-    rows = [
-        ("weights", b.weight_bytes, f"{b.param_count:,} parameters, {b.weights}"),
-        ("arena", b.arena_bytes, f"{b.arena} plan"),
-        ("reserve", b.reserve_bytes, _reserve_note(b)),
-        ("free for KV + state", b.free_bytes, ""),
-        ("KV per token", b.kv_bytes_per_token, f"{b.kv_dtype}, full-attention layers"),
-        ("state per sequence", b.state_bytes_per_sequence, "SSM / GDN / sliding-window"),
-        ("one sequence", b.sequence_bytes, f"{plural(b.max_seq_len, 'token')} + state"),
-    ]
-    width = max(len(r[0]) for r in rows)
-    lines = [
-        f"{name} [{b.config.model_type or 'custom'}], per device of tp={b.tp} x ep={b.ep}, "
-        f"memory {format_bytes(b.memory_bytes)} ({b.memory_bytes:,} bytes)",
-        f"limits: max_batch_tokens={b.max_batch_tokens}, max_seq_len={b.max_seq_len}, "
-        f"kv_block_size={b.kv_block_size}, max_batch_size={b.max_batch_size}",
-    ]
-    for label, nbytes, note in rows:
-        shown = format_bytes(nbytes) if nbytes >= 0 else "-" + format_bytes(-nbytes)
-        lines.append(f"  {label.ljust(width)}  {nbytes:>20,}  {shown:>11}  {note}".rstrip())
-
-    def opt(v):
-        return "unbounded (no growing KV cache)" if v is None else f"{v:,}"
-
-    lines.append(f"max_kv_tokens {opt(b.max_kv_tokens)}, max_kv_blocks {opt(b.max_kv_blocks)}"
-                 f", max_sequences {b.max_sequences:,} (of {plural(b.max_seq_len, 'token')})")  # fmt: skip
-    if b.mtp_param_count:
-        lines.append(f"not loaded: {b.mtp_param_count:,} MTP parameters")
-    lines.append(b.message())
-    return "\n".join(lines)
-
-
 def cmd_budget(args: argparse.Namespace) -> int:
-    config = _load_model(args.model)
+    config = _model(args)
+    args.weights = args.weights or stored_weights(config)  # --compiled compiles the same
+    if args.compiled and args.weights == "mxfp4":
+        raise NotImplementedError("--compiled runs the models, which do not load MXFP4 experts; "
+                                  "add --weights bf16 to compile the dequantized model")  # fmt: skip
     if args.compiled:  # compiles the steps (imports jax; seconds to minutes)
         from jaxarena.step_report import budget_step_temp
 
@@ -291,10 +279,10 @@ def cmd_budget(args: argparse.Namespace) -> int:
     else:
         b = _budget_for(args, config)
     name = args.model or DEFAULT_MODEL
-    if args.json:
-        print(json.dumps(b.as_dict(), indent=2))
+    if args.json:  # `model` as given, as `plan --json` names it (the file is in the table)
+        print(json.dumps({**b.as_dict(), "model": name}, indent=2))
     else:
-        print(_budget_table(b, name))
+        print(budget_table(b, name))
     if args.plot:
         written = b.plot(args.plot, title=name)
         print(f"budget plot written to {written}", file=sys.stderr)
@@ -306,7 +294,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
         if args.max_batch_size is None:
             args.max_batch_size = DEFAULT_LIMITS["max_batch_size"]
         return _fit_arena_only(args)
-    config = _load_model(args.model)
+    config = _model(args)
     n = args.sequences
     if n < 1:
         raise CliError(f"--sequences {n} must be >= 1")
@@ -329,7 +317,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
         )
     best = b.replace(max_batch_tokens=m)
     if args.json:
-        out = {**best.as_dict(), "sequences": n, "required_bytes": best.required_bytes(n)}
+        out = {**best.as_dict(), "model": args.model, "sequences": n,
+               "required_bytes": best.required_bytes(n)}
         print(json.dumps(out, indent=2))
     else:
         print(
@@ -345,7 +334,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
 def _fit_arena_only(args: argparse.Namespace) -> int:
     """Today's `fit` before issue 14: the largest max_batch_tokens whose ARENA alone fits."""
-    budget = _memory(args.memory)
+    budget = memory_option(args.memory, "--memory", CliError)
     config = _config_for(args)
 
     def arena_bytes(m: int) -> int:
@@ -433,6 +422,11 @@ def cmd_step_report(args: argparse.Namespace) -> int:
     # Imported here: jax and the models are what plan/budget/fit never import.
     from jaxarena.step_report import run_step_report
 
+    args.target = STEP_REPORT_TARGETS[args.target.lower()]  # hopper / h100 -> h200's sm_90a
+    if args.model in presets() or _exists(args.model):  # else step_report names what is missing
+        _model(args)  # the default within, or a check against, the model's context
+    elif args.max_seq_len is None:
+        args.max_seq_len = DEFAULT_LIMITS["max_seq_len"]
     return run_step_report(args, CliError)
 
 
@@ -458,6 +452,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Size, plan and try out a static LLM inference workspace arena.",
         epilog=EPILOG,
     )
+    parser.add_argument("--version", action="version", version=f"jaxarena {version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("plan", help="every buffer of a model's arena, with offsets")
     p.add_argument("model", nargs="?", default=None,
@@ -473,7 +468,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_limits(b)
     b.add_argument("--plot", metavar="PNG", help="draw one stacked bar per device (matplotlib)")
     b.add_argument("--compiled", action="store_true", help="reserve the XLA temp of the steps "
-                   "compiled for --target hopper (an H200) or b200, not an estimate")  # fmt: skip
+                   "compiled for --target h200 (any Hopper) or b200, not an estimate")  # fmt: skip
     b.set_defaults(func=cmd_budget)
     f = sub.add_parser(
         "fit",
@@ -518,10 +513,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--kv-block-size", type=int, default=16, help="default %(default)s")
     g.add_argument("--max-batch-size", type=int, default=None,
                    help="sequence slots (default: the number of prompts)")  # fmt: skip
-    g.add_argument("--target", default="gb10", help="hardware target (default %(default)s)")
+    g.add_argument("--target", default="gb10",
+                   help="hardware target: gb10, h100, h200, b200, ... (default %(default)s)")  # fmt: skip
     g.add_argument("--packed", action="store_true", help="pack the arena by buffer lifetimes")
     g.add_argument("--json", action="store_true", help="machine-readable output")
     g.set_defaults(func=cmd_generate)
+    from jaxarena.server.options import add_serve_parser, cmd_serve  # argparse only, no server
+
+    add_serve_parser(sub).set_defaults(func=lambda a: cmd_serve(a, CliError))
     for command in sub.choices.values():
         command.epilog = EPILOG
     return parser
@@ -536,15 +535,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     `JAXARENA_TRACEBACK=1` input errors propagate too.
     """
     parser = build_parser()
+    argv = join_negative_values(sys.argv[1:] if argv is None else argv)
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:  # --help (0) or a usage error (2, already printed as one line)
         return e.code if isinstance(e.code, int) else 2
     try:
-        _check_args(args)
-        if args.command in ("plan", "budget", "fit"):
-            args.target = _resolve_target(args.target)
-        return args.func(args)
+        with cli_output():
+            _check_args(args)
+            if args.command in ("plan", "budget", "fit"):
+                args.target = _resolve_target(args.target)
+            return args.func(args)
+    except BrokenPipeError:  # `jaxarena plan | head -3`: the reader has what it wanted
+        stdout_closed()
+        return 0
     except Exception as e:
         if not _is_user_error(e) or os.environ.get(TRACEBACK_ENV, "0") not in ("", "0"):
             raise
@@ -578,6 +582,10 @@ def _check_args(args: argparse.Namespace) -> None:
             raise CliError(
                 f"--{dest.replace('_', '-')} {shown} is beyond 2^62; no count is that large"
             )
+    check_kv_block_size(args, CliError)
+    for flag in ("memory", "reserve"):  # before the model is read (and warned about)
+        if getattr(args, flag, None) is not None:
+            memory_option(getattr(args, flag), f"--{flag}", CliError, zero=flag == "reserve")
     if getattr(args, "plot", None):
         from jaxarena._figure import pyplot
 

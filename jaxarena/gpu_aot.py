@@ -177,7 +177,8 @@ def gpu_device(target: str = "h200") -> Any:
     if module_name is None:
         raise GpuUnavailable(
             "the CUDA PJRT plugin is not installed (no jax_plugins.xla_cuda13 or xla_cuda12); "
-            f'install it at jaxlib\'s version: pip install "jax[cuda13-local]=={jax.__version__}"'
+            'install the deviceless-report extra: pip install "jaxarena[gpu-aot]" (that is '
+            f'jax[cuda13-local], which must match jaxlib {jax.__version__})'
         )
     try:
         return make()
@@ -259,6 +260,9 @@ class GpuCompiled:
       unknown_thunk_kinds: thunk kinds counted as launches though this module does not know
         them.
       kernels: `ptxas -v` resources per kernel (empty without a dump).
+      thunk_names: thunk id -> the HLO instruction it runs (empty without a dump).
+      graph_thunks: the thunk tree after XLA's thunk passes, its command buffers (CUDA
+        graphs) in place; None when the dump has no such sequence.
     """
 
     compiled: Any
@@ -275,6 +279,8 @@ class GpuCompiled:
     launches_static: int | None = None
     unknown_thunk_kinds: tuple[str, ...] = ()
     kernels: list[KernelResources] = dataclasses.field(default_factory=list)
+    thunk_names: dict[int, str] = dataclasses.field(default_factory=dict)
+    graph_thunks: list[Thunk] | None = None
 
     def memory_analysis(self) -> dict[str, int]:
         """`{"temp_bytes", "argument_bytes", "output_bytes", "alias_bytes"}` on the GPU."""

@@ -25,6 +25,7 @@ __all__ = [
     "parse_ptxas_output",
     "parse_thunk_sequence",
     "ptxas_resources",
+    "thunk_names",
     "walk",
 ]
 
@@ -188,8 +189,13 @@ def _while_trip_counts(hlo_text: str) -> dict[str, int]:
     return out
 
 
+def thunk_names(metadata_text: str) -> dict[int, str]:
+    """Thunk id -> the HLO instruction it runs (`*.thunk_metadata.txt`'s profile annotation)."""
+    return {int(tid): ann for ann, tid, _ in _METADATA_BLOCK.findall(metadata_text)}
+
+
 def _attach_trip_counts(thunks: list[Thunk], metadata_text: str, hlo_text: str) -> None:
-    names = {int(tid): ann for ann, tid, _ in _METADATA_BLOCK.findall(metadata_text)}
+    names = thunk_names(metadata_text)
     trips = _while_trip_counts(hlo_text)
     for t in walk(thunks):
         if t.kind == "kWhile":
@@ -312,8 +318,9 @@ def _latest(paths: list[str]) -> str | None:
 
 
 def analyze_dump(result: Any, dump_dir: str) -> None:
-    """Fills `result.thunks`, `launches`, `launches_static`, `unknown_thunk_kinds` and
-    `kernels` (a `gpu_aot.GpuCompiled`, or any object with those attributes and `hlo_text`)
+    """Fills `result.thunks`, `thunk_names`, `graph_thunks` (the sequence after XLA's thunk
+    passes, when dumped), `launches`, `launches_static`, `unknown_thunk_kinds` and `kernels`
+    (a `gpu_aot.GpuCompiled`, or any object with those attributes and `hlo_text`)
     from an XLA dump folder of one compile (the newest module in it)."""
     files = sorted(os.listdir(dump_dir))
     seq = _latest([os.path.join(dump_dir, f) for f in files if f.endswith(".thunk_sequence.txt")])
@@ -326,6 +333,13 @@ def analyze_dump(result: Any, dump_dir: str) -> None:
         meta_text = open(meta).read() if os.path.exists(meta) else ""
         _attach_trip_counts(thunks, meta_text, result.hlo_text)
         result.thunks = thunks
+        result.thunk_names = thunk_names(meta_text)
+        # After XLA's thunk passes: the command buffers (CUDA graphs) it formed, if dumped.
+        after = seq.replace(".thunk_sequence.txt", ".thunk_sequence_after_thunk_passes.txt")
+        if os.path.exists(after):
+            with open(after) as f:
+                result.graph_thunks = parse_thunk_sequence(f.read())
+            _attach_trip_counts(result.graph_thunks, meta_text, result.hlo_text)
         result.launches = count_launches(thunks, per_call=True)
         result.launches_static = count_launches(thunks, per_call=False)
         result.unknown_thunk_kinds = tuple(

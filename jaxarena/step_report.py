@@ -43,8 +43,10 @@ from jaxarena._units import format_bytes, plural
 from jaxarena.models.checkpoint import DTYPES, Reader, fp8_spec, open_checkpoint
 from jaxarena.models.families.registry import family_for
 from jaxarena.models.stack import ArenaLM
+from jaxarena.step_model import COST_KEYS, format_model, model_step
+from pallas_kernels._cost import new_session
 
-__all__ = ["STEP_KEYS", "TARGETS", "ModelSource", "abstract_model", "step_report"]
+__all__ = ["STEP_KEYS", "TARGETS", "ModelSource", "abstract_model", "step_args", "step_report"]
 
 TARGETS = ("h200", "b200", "cpu")
 # The sizing `Target` each compile target's plan is built for (the split-K workspace and
@@ -52,7 +54,8 @@ TARGETS = ("h200", "b200", "cpu")
 # `load_pretrained` does.
 SIZING_TARGETS = {"h200": "hopper", "b200": "b200", "cpu": "gb10"}
 # The keys of each step's entry, in order (`decode` has "batch" where `prefill` has "tokens").
-STEP_KEYS = ("temp_bytes", "alias_bytes", "launches", "copies", "spills", "compile_seconds")
+STEP_KEYS = ("temp_bytes", "alias_bytes", "launches", "copies", "spills", "compile_seconds",
+             *COST_KEYS)
 # Thunk kinds that move bytes rather than compute (`jaxarena.gpu_dump` counts them as launches).
 COPY_KINDS = frozenset({"kCopy", "kDeviceToDeviceCopy", "kCopyDone"})
 # As `load_pretrained` builds its plan (guard bytes between regions).
@@ -234,6 +237,7 @@ def abstract_model(
     try:
         family = family_for(raw.get("model_type"), source.path)
         arch = family.arch(raw.get("model_type"), raw, cfg, source.path, max_seq_len)
+        fp8_spec(raw, source.path)  # here, so an unsupported quantization names the right file
     except NotImplementedError as e:
         if source.checkpoint is not None or not cfg.source:
             raise
@@ -273,7 +277,7 @@ def _check_target(target: Any) -> str:
 # -- compiling -----------------------------------------------------------------------------------
 
 
-def _step_args(lm: ArenaLM, kind: str) -> tuple[Callable, tuple[Any, ...]]:
+def step_args(lm: ArenaLM, kind: str) -> tuple[Callable, tuple[Any, ...]]:
     """The step function and its extra abstract arguments (after params, arena, caches)."""
     per_seq = -(-max(lm.max_seq_len, lm.max_batch_tokens) // lm.kv_block_size)
     if kind == "prefill":
@@ -301,18 +305,21 @@ def _count(thunks: Any, kinds: frozenset[str]) -> int | None:
     return count_launches(keep(thunks), per_call=True)
 
 
-def compile_step(lm: ArenaLM, params: Any, caches: Any, kind: str, target: str) -> dict[str, Any]:
+def compile_step(lm: ArenaLM, params: Any, caches: Any, kind: str, target: str, *,
+                 context: int | None = None) -> dict[str, Any]:  # fmt: skip
     """Compiles one step (`"prefill"` or `"decode"`) of `abstract_model`'s result for `target`
     and returns `{"temp_bytes", "alias_bytes", "argument_bytes", "launches", "copies",
-    "spills", "compile_seconds"}` (`spills`: kernels that spill registers; launches, copies
-    and spills None on "cpu").
+    "spills", "compile_seconds", *COST_KEYS}` (`spills`: kernels that spill registers;
+    launches, copies, spills and the cost model's keys (`jaxarena.step_model`, for a
+    workload of `context` tokens per sequence, default `default_context`) None on "cpu").
 
     Raises:
       GpuUnavailable: a GPU target without the CUDA plugin (`jaxarena.gpu_aot.gpu_device`).
     """
-    fn, extra = _step_args(lm, kind)
+    fn, extra = step_args(lm, kind)
     arena = S(lm.plan.arena_shape, jnp.uint8)
     step = jax.jit(fn, donate_argnums=(1, 2))
+    new_session()  # the Pallas kernels' cost declarations from here on are this step's
     if target == "cpu":
         t0 = time.perf_counter()
         compiled = step.trace(params, arena, caches, *extra).lower().compile()
@@ -320,7 +327,8 @@ def compile_step(lm: ArenaLM, params: Any, caches: Any, kind: str, target: str) 
         m = compiled.memory_analysis()
         return {"temp_bytes": int(m.temp_size_in_bytes), "alias_bytes": int(m.alias_size_in_bytes),
                 "argument_bytes": int(m.argument_size_in_bytes), "launches": None,
-                "copies": None, "spills": None, "compile_seconds": seconds}  # fmt: skip
+                "copies": None, "spills": None, "compile_seconds": seconds,
+                **dict.fromkeys(COST_KEYS)}  # fmt: skip
     from jaxarena.gpu_aot import compile_for_gpu
 
     res = compile_for_gpu(step, params, arena, caches, *extra, target=target, no_spills=False,
@@ -329,7 +337,8 @@ def compile_step(lm: ArenaLM, params: Any, caches: Any, kind: str, target: str) 
             "argument_bytes": res.argument_bytes, "launches": res.launches,
             "copies": _count(res.thunks, COPY_KINDS),
             "spills": sum(1 for k in res.kernels if k.spill_store_bytes or k.spill_load_bytes),
-            "compile_seconds": res.compile_seconds}  # fmt: skip
+            "compile_seconds": res.compile_seconds,
+            **model_step(res, lm, params, caches, kind, context=context)}  # fmt: skip
 
 
 def _nbytes(tree: Any) -> int:
@@ -348,12 +357,16 @@ def step_report(
     weights: str | None = None,
     steps: tuple[str, ...] = ("prefill", "decode"),
     progress: Callable[[str], None] | None = None,
+    context: int | None = None,
 ) -> dict[str, Any]:
     """Compiles the prefill and decode steps of `model` for `target` (see the module docstring).
 
     Args:
       model, target, limits, weights: as for `abstract_model`.
       steps: which steps to compile (both by default).
+      context: the workload the time is modeled for: tokens each decode sequence attends,
+        tokens of each prompt a prefill step's tokens are cut into
+        (`jaxarena.step_model.default_context` when None).
       progress: called with a line before each compile ("compiling decode for h200 ...").
 
     Returns:
@@ -368,12 +381,12 @@ def step_report(
     return step_report_details(model, target=target, max_batch_tokens=max_batch_tokens,
                                max_seq_len=max_seq_len, kv_block_size=kv_block_size,
                                max_batch_size=max_batch_size, weights=weights, steps=steps,
-                               progress=progress)["report"]  # fmt: skip
+                               progress=progress, context=context)["report"]  # fmt: skip
 
 
 def step_report_details(model: Any, *, target: str = "h200", steps: tuple[str, ...] = (
         "prefill", "decode"), progress: Callable[[str], None] | None = None,
-        **limits: Any) -> dict[str, Any]:  # fmt: skip
+        context: int | None = None, **limits: Any) -> dict[str, Any]:  # fmt: skip
     """`{"report": step_report's dict, "argument_bytes": {step: bytes}, "cache_bytes",
     "layers", "model_type"}`: the report and what the text output prints beside it."""
     target = _check_target(target)
@@ -391,7 +404,7 @@ def step_report_details(model: Any, *, target: str = "h200", steps: tuple[str, .
     for kind in steps:
         if progress is not None:
             progress(f"compiling {kind} for {target} ...")
-        got = compile_step(lm, params, caches, kind, target)
+        got = compile_step(lm, params, caches, kind, target, context=context)
         arguments[kind] = got.pop("argument_bytes")
         first = ("tokens", lm.max_batch_tokens) if kind == "prefill" else \
             ("batch", lm.max_batch_size)  # fmt: skip
@@ -444,7 +457,7 @@ def format_report(details: dict[str, Any], name: str, limits: dict[str, int]) ->
     lines.append("temp: XLA's buffers outside the arguments (beyond the arena); alias: outputs "
                  "written into the donated arena and caches; launches: kernels + copies + "
                  "memsets per call")  # fmt: skip
-    return "\n".join(lines)
+    return "\n".join(lines + format_model(r["steps"]))
 
 
 def run_step_report(args: Any, error: type[Exception] = ValueError) -> int:
@@ -457,7 +470,8 @@ def run_step_report(args: Any, error: type[Exception] = ValueError) -> int:
                                             "max_batch_size")}  # fmt: skip
     try:
         details = step_report_details(args.model, target=args.target, weights=args.weights,
-                                      progress=print_progress, **limits)  # fmt: skip
+                                      progress=print_progress,
+                                      context=getattr(args, "context", None), **limits)  # fmt: skip
     except GpuUnavailable as e:
         raise error(f"--target {args.target} needs a compile-only GPU: {e.reason}") from None
     if args.json:

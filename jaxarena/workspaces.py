@@ -231,7 +231,8 @@ GDN_HEAD_DIM = 128
 """Key and value head dim the seed sizes `gdn_fla_scratch` for (other dims get no scratch)."""
 
 GDN_SPARE_CHUNKS = 16
-"""Spare chunk slots: every sequence is padded to whole chunks, 16 spares cover 17 sequences."""
+"""Spare chunk slots: every sequence is padded to whole chunks, 16 spares cover 17 sequences
+(more run in rounds of the region's slots: `pallas_kernels.gdn_chunked_into`)."""
 
 _GDN_ROW_BYTES = 256  # one section row: 128 bf16 values, or 64 f32 values of gc
 

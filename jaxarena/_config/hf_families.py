@@ -19,7 +19,10 @@ The families (`model_type` -> how it is read):
   `experts_per_token`; shared experts from `shared_expert_intermediate_size`, else
   `n_shared_experts * moe_intermediate_size`; MLA (`kv_lora_rank > 0` with `qk_nope_head_dim`):
   `head_dim = qk_head_dim` or `qk_nope_head_dim + qk_rope_head_dim`; `attn_gated =
-  attn_output_gate` (default false).
+  attn_output_gate` (default false); no `layer_types` but a `sliding_window`: every layer
+  `sliding_attention` for Llama/Mistral/Mixtral, layers from `max_window_layers` on with
+  `use_sliding_window` for Qwen2/3 (`hf_rules.window_layers`). An unknown `model_type` is
+  read so with an `UnknownFamilyWarning`.
 - `qwen3_next`: generic + `attn_gated` always true; `layer_types` from `full_attention_interval`
   (HF default 4) when absent.
 - `qwen3_5`, `qwen3_5_moe` (Qwen3.5/3.6): generic on `text_config`; `attn_gated =
@@ -58,6 +61,7 @@ from typing import Any
 
 from jaxarena._config.hf_json import Obj, show
 from jaxarena._config.hf_route import CLASS_STEMS, route
+from jaxarena._config.hf_rules import check_needed, warn_unknown_family, window_layers
 from jaxarena._config.hf_weights import weight_fields
 from jaxarena._config.schema import INT_DEFAULTS
 from jaxarena._errors import ConfigError
@@ -86,8 +90,12 @@ def parse(data: Any, *, source: str = DICT_SOURCE) -> dict[str, Any]:
 
     Raises:
       ConfigError: the top level is not an object, a key is missing, mistyped or negative, a
-        layer type or pattern character is unknown, an unknown `model_type` has no
-        `hidden_size`. Messages name the key and source.
+        dimension the family needs is missing or 0 (`hf_rules.check_needed`), a layer type or
+        pattern character is unknown, an unknown `model_type` has no `hidden_size`. Messages
+        name the key and source.
+
+    Warns:
+      UnknownFamilyWarning: a `model_type` no rule knows, read with the generic rule.
     """
     if not isinstance(data, Mapping):
         raise ConfigError(
@@ -102,6 +110,10 @@ def parse(data: Any, *, source: str = DICT_SOURCE) -> dict[str, Any]:
     arm = _ARMS.get(model_type, _generic)
     kw = arm(top, model_type)
     kw.update(weight_fields(top, _text(top), model_type, kw))
+    # Every dimension the family needs is there (ConfigError naming the key and file).
+    check_needed(_text(top), kw, model_type, generic=arm in _GENERIC_BASED)
+    if model_type not in known_model_types():
+        warn_unknown_family(model_type, source)
     return {**kw, "model_type": model_type, "source": source}
 
 
@@ -246,6 +258,8 @@ def _generic(top: Obj, model_type: str) -> dict[str, Any]:
     _experts(kw, obj)
     _attention_shape(kw, obj)
     kw["attn_gated"] = obj.bool("attn_output_gate", False)
+    if not kw["layer_types"]:
+        kw["layer_types"] = window_layers(obj, model_type, kw["num_hidden_layers"])
     return kw
 
 
@@ -564,6 +578,9 @@ def _gemma(top: Obj, model_type: str) -> dict[str, Any]:
         )
     return kw
 
+
+# The arms that start from `_generic`: their FFN widths are the generic rule's.
+_GENERIC_BASED = frozenset({_generic, _qwen3_next, _qwen3_5, _qwen4_exp})
 
 _ARMS: dict[str, _Arm] = {
     "qwen3_next": _qwen3_next,

@@ -35,6 +35,9 @@ WEIGHT_DEFAULTS: dict[str, Any] = {
     "moe_layer_widths": (),  # per MoE layer expert width, when they differ (Nemotron-H Puzzle)
     "vision_param_count": 0,  # parameters of the vision tower of a VL model
     "other_param_count": 0,  # family blocks with no ModelConfig dims (hyper-connections, ...)
+    "max_position_embeddings": 0,  # the context the model was trained for (0: not stated)
+    "rope_scaled": False,  # RoPE scaling (yarn, linear, ...) that may extend that context
+    "quant_method": "",  # quantization_config.quant_method of the checkpoint ("": float)
 }
 FFN_KINDS = frozenset({"dense", "moe", "none"})
 
@@ -102,11 +105,31 @@ def weight_fields(top: Obj, obj: Obj, model_type: str, kw: dict[str, Any]) -> di
         out["vision_param_count"] = _qwen3_vl_vision(vision, mt)
     elif vision is not None and mt == "gemma3":
         out["vision_param_count"] = _gemma3_vision(vision, h)
+    out["max_position_embeddings"] = obj.int("max_position_embeddings", maximum=1 << 40)
+    out["rope_scaled"] = _rope_scaled(obj)
+    quant = top.obj("quantization_config")
+    if quant is not None:
+        out["quant_method"] = (quant.str("quant_method") or "").lower()
     if mt == "deepseek_v4":
         out["other_param_count"] = _deepseek_v4_other(obj, kw)
     elif mt in _HC_FAMILIES:
         out["other_param_count"] = _qwen4_exp_other(obj, kw)
     return out
+
+
+def _rope_scaled(obj: Obj) -> bool:
+    """True when `rope_parameters` or `rope_scaling` names a RoPE type other than `default`
+    (for any layer type, as Gemma 3 lists them per layer type): a scaled RoPE (yarn, linear,
+    dynamic, llama3, longrope) is how a model serves past `max_position_embeddings`."""
+    for name in ("rope_parameters", "rope_scaling"):
+        rope = obj.data.get(name)
+        if not isinstance(rope, dict):
+            continue
+        for params in (rope, *(v for v in rope.values() if isinstance(v, dict))):
+            kind = params.get("rope_type", params.get("type"))
+            if isinstance(kind, str) and kind not in ("", "default"):
+                return True
+    return False
 
 
 def _mamba1(out: dict[str, Any], obj: Obj, mt: str, h: int) -> None:

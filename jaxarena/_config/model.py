@@ -10,6 +10,7 @@ quantities the sizing formulas call.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any
 
 from jaxarena._config import hf_source
@@ -23,7 +24,7 @@ from jaxarena._config.schema import (
     SSM_KINDS,
 )
 from jaxarena._config.shard import shard_changes
-from jaxarena._errors import ConfigError, join_problems
+from jaxarena._errors import ConfigError, ConfigWarning, join_problems
 
 __all__ = ["ModelConfig"]
 
@@ -113,6 +114,13 @@ class ModelConfig:
     moe_layer_widths: tuple[int, ...] = ()
     vision_param_count: int = 0
     other_param_count: int = 0
+    # The context the config states, and whether a RoPE scaling may extend it: checked
+    # against the serve limits (`check_context`), never a size, so not compared.
+    max_position_embeddings: int = dataclasses.field(default=0, compare=False)
+    rope_scaled: bool = dataclasses.field(default=False, compare=False)
+    # How the checkpoint stores its weights (`quantization_config.quant_method`: "fp8",
+    # "mxfp4", ...; "" for float): the budget's default weight format, not a size.
+    quant_method: str = dataclasses.field(default="", compare=False)
     model_type: str = dataclasses.field(default="", compare=False)
     source: str = dataclasses.field(default="", compare=False, repr=False)
 
@@ -295,6 +303,33 @@ class ModelConfig:
         if unknown:
             raise ConfigError(f"ModelConfig has no field(s) {unknown}; fields: {sorted(fields)}")
         return dataclasses.replace(self, **changes)
+
+    def check_context(
+        self, tokens: int, what: str, error: type[Exception] = ConfigError
+    ) -> None:
+        """Checks a sequence length against the model's context (`max_position_embeddings`).
+
+        Args:
+          tokens: the sequence length asked for (a `max_seq_len`, a prompt + new tokens).
+          what: how the message names it (`"--max-seq-len 1,000,000"`).
+          error: the exception type raised (the CLI passes its one-line error).
+
+        Raises:
+          error: `tokens` past the context of a config without RoPE scaling.
+
+        Warns:
+          ConfigWarning: past the context of a config with RoPE scaling (how a model serves
+          past it). Nothing when the config states no context.
+        """
+        context = self.max_position_embeddings
+        if not context or tokens <= context:
+            return
+        text = (f"{what} is past the model's context: max_position_embeddings={context:,} in "
+                f"{self.source or 'the config'}")  # fmt: skip
+        if not self.rope_scaled:
+            raise error(f"{text}; lower it to at most {context:,}")
+        warnings.warn(f"{text}; its RoPE scaling may extend it (the sizes hold; the quality is "
+                      "the scaling's)", ConfigWarning, stacklevel=2)  # fmt: skip
 
     # -- derived quantities of the seed (spec §11) --------------------------------------------
 

@@ -120,4 +120,5 @@ INT_MAXIMA: dict[str, int] = {
     "num_mtp_layers": _COUNT,
     "vision_param_count": 1 << 48,
     "other_param_count": 1 << 48,
+    "max_position_embeddings": 1 << 40,
 }

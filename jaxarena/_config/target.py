@@ -20,6 +20,10 @@ _PRESETS: dict[str, tuple[int, str]] = {
     "strix-hip": (48, "legacy"),
 }
 
+# GPU names accepted for a preset (every command takes the name printed on the part).
+_ALIASES = {"h100": "hopper", "h200": "hopper", "h800": "hopper", "h20": "hopper",
+            "gh200": "hopper"}  # fmt: skip
+
 # Substrings of `jax.Device.device_kind` -> preset. Checked in order, first match wins.
 _DEVICE_KINDS: tuple[tuple[str, str], ...] = (
     ("gb10", "gb10"),
@@ -57,7 +61,8 @@ class Target:
 
     @classmethod
     def preset(cls, name: str) -> Target:
-        """The seed's constants for target `name` (e.g. `"gb10"`, `"hopper"`, `"b200"`).
+        """The seed's constants for target `name` (e.g. `"gb10"`, `"hopper"`, `"b200"`); the
+        Hopper parts' names (`"h100"`, `"h200"`, `"h800"`, `"h20"`, `"gh200"`) are `"hopper"`.
 
         Raises:
           ValueError: `name` is not a string, or not a known target (the message lists them).
@@ -68,8 +73,12 @@ class Target:
                 f"{type(name).__name__} {name!r:.60}"
             )
         key = name.strip().lower()
+        key = _ALIASES.get(key, key)
         if key not in _PRESETS:
-            raise ValueError(f"unknown target {name!r}; known targets: {', '.join(_PRESETS)}")
+            raise ValueError(
+                f"unknown target {name!r}; known targets: {', '.join(_PRESETS)} (hopper also as "
+                f"{', '.join(_ALIASES)})"
+            )
         sm, policy = _PRESETS[key]
         return cls(name=key, sm_count=sm, attn_decode_splitk=policy)
 

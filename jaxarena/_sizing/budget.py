@@ -34,7 +34,12 @@ from jaxarena._sizing.buffers import BufferSizes
 from jaxarena._sizing.kv_pool import KVPool, kv_pool
 from jaxarena._sizing.cache import dtype_bytes, kv_bytes_per_token, state_bytes_per_sequence
 from jaxarena._sizing.step_temp import RUNTIME_RESERVE, estimate_step_temp
-from jaxarena._sizing.weights import mtp_param_count, param_count, weight_bytes
+from jaxarena._sizing.weights import (
+    WEIGHT_FORMATS,
+    mtp_param_count,
+    param_count,
+    weight_bytes,
+)
 from jaxarena._units import format_bytes, parse_memory, plural
 
 __all__ = [
@@ -81,7 +86,8 @@ class MemoryBudget:
       max_batch_tokens, max_seq_len, kv_block_size, max_batch_size: the serve limits, as for
         `BufferSizes.from_config` (kv_block_size 0: unpaged KV).
       tp, ep: tensor- and expert-parallel degrees (`ModelConfig.shard` rules).
-      weights: "bf16" or "fp8" (block-quantized, see `weight_bytes`).
+      weights: "bf16", "fp8" (block-quantized) or "mxfp4" (gpt-oss's experts), see
+        `weight_bytes`.
       kv_dtype: "bf16" or "fp8" for the KV cache (and sliding-window KV).
       state_dtype: "f32" (default) or "bf16" for SSM / gated-delta-net recurrent states.
       arena: "sequential" (every buffer its own bytes) or "packed" (buffers never live
@@ -121,8 +127,8 @@ class MemoryBudget:
         if not isinstance(self.config, ModelConfig):
             raise ValueError(f"config must be a ModelConfig, got {type(self.config).__name__}")
         object.__setattr__(self, "memory_bytes", parse_memory(self.memory_bytes))
-        if self.weights not in ("bf16", "fp8"):
-            raise ValueError(f"weights={self.weights!r} must be 'bf16' or 'fp8'")
+        if self.weights not in WEIGHT_FORMATS:
+            raise ValueError(f"weights={self.weights!r} must be one of {', '.join(WEIGHT_FORMATS)}")
         dtype_bytes(self.kv_dtype, "kv_dtype")
         if self.state_dtype not in ("f32", "bf16"):
             raise ValueError(f"state_dtype={self.state_dtype!r} must be 'f32' or 'bf16'")
@@ -211,7 +217,13 @@ class MemoryBudget:
 
     @functools.cached_property
     def state_bytes_per_sequence(self) -> int:
-        """Fixed per-sequence bytes on this device (SSM/GDN states, sliding-window KV)."""
+        """Fixed per-sequence bytes on this device (SSM/GDN states, sliding-window KV).
+
+        Sliding-window layers (Gemma's, gpt-oss's, and every layer of a Mistral / Mixtral
+        config with a `sliding_window`, as `ModelConfig.layer_types` lists them) count the
+        KV the model reads and keeps, capped at the window: the model's semantics, not the
+        pages an engine allocates (the models share one block table across layers, so they
+        do not recycle window pages yet; a page pool adds that figure of its own)."""
         return state_bytes_per_sequence(
             self.config, max_seq_len=self.max_seq_len, kv_block_size=self.kv_block_size,
             kv_dtype=self.kv_dtype, state_dtype=self.state_dtype, tp=self.tp, ep=self.ep,

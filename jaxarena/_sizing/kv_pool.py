@@ -18,10 +18,10 @@ models allocate (`Block.init_cache`), which the tests check against the abstract
   `v_heads * k_dim * v_dim`. (The models keep conv windows in float32: `MemoryBudget`'s
   `state_bytes_per_sequence` counts them in bf16, as the reference runtime stores them.)
 
-`pages = (free_bytes - slots * slot_bytes) // page_bytes - 1` (a model without paged layers
-gets `max_batch_size` full-length sequences' pages, which cost nothing), with `free_bytes` the budget's
-(`memory - weights - arena - reserve`, the reserve being 1 GiB plus the compiled or estimated
-XLA temp). Imports no jax.
+`pages = (free - slots * slot_bytes) // page_bytes - 1` (a model without paged layers gets
+`max_batch_size` full-length sequences' pages, which cost nothing), with `free` the budget's
+`memory - weights - arena - reserve` (the reserve being 1 GiB plus the compiled or estimated
+XLA temp of a step) less the sampler's temp (`sampler_temp_bytes`). Imports no jax.
 """
 
 from __future__ import annotations
@@ -36,10 +36,23 @@ from jaxarena._units import format_bytes
 if TYPE_CHECKING:  # pragma: no cover
     from jaxarena._config.model import ModelConfig
 
-__all__ = ["KVPool", "kv_pool", "page_bytes", "slot_bytes"]
+__all__ = ["KVPool", "kv_pool", "page_bytes", "sampler_temp_bytes", "slot_bytes"]
 
 _MAMBA2_CONV_KERNEL = 4  # jaxarena.models.blocks.mamba2.CONV_KERNEL
 _F32 = 4
+
+
+# The engine's sampler holds about four float32 [max_batch_size, vocab] arrays of XLA temp at
+# once when every branch runs (penalties, the top-k/top-p sort, the Gumbel noise): measured
+# 153 MiB for 64 rows of Qwen3's 151,936-token vocabulary on a deviceless H200 compile,
+# 3.94x one such array (jaxarena/engine/sampling.py). The step estimate does not hold it.
+SAMPLER_TEMP_ARRAYS = 4
+
+
+def sampler_temp_bytes(rows: int, vocab_size: int) -> int:
+    """XLA temp the engine's sampler adds to a step: `SAMPLER_TEMP_ARRAYS` float32 arrays of
+    `[rows, vocab_size]`."""
+    return SAMPLER_TEMP_ARRAYS * rows * vocab_size * _F32
 
 
 def page_bytes(config: ModelConfig, kv_block_size: int, kv_dtype: str = "bf16") -> int:
@@ -150,7 +163,7 @@ def kv_pool(budget: Any, *, kv_pages: int | None = None) -> KVPool:
         if isinstance(kv_pages, bool) or not isinstance(kv_pages, int) or kv_pages < 1:
             raise ValueError(f"kv_pages={kv_pages!r} must be an int >= 1")
         return KVPool(pages=kv_pages, source="given", **common)
-    free = budget.free_bytes
+    free = budget.free_bytes - sampler_temp_bytes(budget.max_batch_size, c.vocab_size)
     room = free - slots * per_slot
     if per_page == 0:
         # No paged layer (Mamba-2 alone): pages cost nothing, so every slot gets its full

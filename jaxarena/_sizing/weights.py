@@ -50,6 +50,9 @@ COMPONENTS = (
 
 # FP8 block quantization: e4m3 weights, one f32 scale per 128 x 128 block.
 FP8_BLOCK = 128
+# MXFP4 (OCP microscaling): 32 4-bit values share one 8-bit (e8m0) scale.
+MXFP4_BLOCK = 32
+WEIGHT_FORMATS = ("bf16", "fp8", "mxfp4")
 
 # Family rules that the ModelConfig fields do not carry (they are fixed by the architecture).
 _QK_NORM_FAMILIES = frozenset(
@@ -112,7 +115,13 @@ class WeightTensor:
         return math.prod(self.shape) * self.count
 
     def nbytes(self, weights: str) -> int:
-        """Bytes of all `count` tensors in the `weights` format (`"bf16"` or `"fp8"`)."""
+        """Bytes of all `count` tensors in the `weights` format: `"bf16"`, `"fp8"`, or
+        `"mxfp4"` (gpt-oss's hub format: the routed experts' matrices as 4-bit values with
+        one e8m0 scale byte per 32 along the input, `out * ceil(in/32) * 17` bytes; every
+        other tensor bf16)."""
+        if weights == "mxfp4" and self.fp8 and self.component == "experts":
+            out, inp = self.shape[0], math.prod(self.shape[1:])
+            return out * -(-inp // MXFP4_BLOCK) * (MXFP4_BLOCK // 2 + 1) * self.count
         if weights == "fp8" and self.fp8:
             out, inp = self.shape[0], math.prod(self.shape[1:])
             scales = -(-out // FP8_BLOCK) * -(-inp // FP8_BLOCK) * 4
@@ -553,10 +562,11 @@ def weight_bytes(config: ModelConfig, weights: str = "bf16", *, tp: int = 1, ep:
     """Bytes of the weights on ONE device of a `tp` x `ep` mesh (the whole model at 1 x 1).
 
     Args:
-      weights: `"bf16"` (2 bytes per parameter) or `"fp8"` (e4m3 1 byte for the linear
+      weights: `"bf16"` (2 bytes per parameter), `"fp8"` (e4m3 1 byte for the linear
         weights of attention, MLPs, experts and SSM projections plus one f32 scale per 128 x
         128 block, `ceil(out/128) * ceil(in/128) * 4` bytes per matrix; embeddings, LM head,
-        norms, routers, biases, convs and A/D/dt stay bf16).
+        norms, routers, biases, convs and A/D/dt stay bf16) or `"mxfp4"` (the routed
+        experts' matrices in MXFP4, `WeightTensor.nbytes`; the rest bf16).
       tp, ep: the mesh; replicated tensors count in full on every device.
 
     Registered router-correction buffers (f32) are included; MTP layers are not.
@@ -565,6 +575,6 @@ def weight_bytes(config: ModelConfig, weights: str = "bf16", *, tp: int = 1, ep:
       ValueError: `weights` is neither format.
       ConfigError: `tp`/`ep` do not divide the model.
     """
-    if weights not in ("bf16", "fp8"):
-        raise ValueError(f"weights={weights!r} must be 'bf16' or 'fp8'")
+    if weights not in WEIGHT_FORMATS:
+        raise ValueError(f"weights={weights!r} must be one of {', '.join(WEIGHT_FORMATS)}")
     return sum(t.nbytes(weights) for t in weight_tensors(config, tp=tp, ep=ep))

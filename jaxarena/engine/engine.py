@@ -195,6 +195,16 @@ class Engine:
         from jaxarena.models import load_pretrained
 
         log = log or (lambda _msg: None)
+        for name, v in (("max_batch_size", max_batch_size), ("max_seq_len", max_seq_len),
+                        ("max_batch_tokens", max_batch_tokens), ("kv_block_size", kv_block_size)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name}={v!r} must be an int >= 1")
+        if kv_block_size & (kv_block_size - 1):
+            raise ValueError(f"kv_block_size={kv_block_size} must be a power of two (the split-K "
+                             "decode kernel tiles a page in powers of two)")  # fmt: skip
+        if max_batch_tokens < max_batch_size:
+            raise ValueError(f"max_batch_tokens={max_batch_tokens} must be >= max_batch_size="
+                             f"{max_batch_size}: a step decodes one token per running request")  # fmt: skip
         root = Path(path)
         cfg = ModelConfig.from_hf(root / "config.json")
         raw = _read_json(root / "config.json")

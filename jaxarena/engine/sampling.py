@@ -25,21 +25,33 @@ The order is vLLM's (its V0 sampler, which the V1 one keeps but for min-p, see b
 7. the draw: Gumbel-max, `argmax(logit + g)` with `g` standard Gumbel noise from the row's own
    key (`seed_key(seed)`) folded with the index of the token being drawn (`SlotParams.step`).
    A request's token depends only on (seed, step, its logits, its settings), never on the
-   other rows of the batch (a test shuffles them).
+   other rows of the batch (a test shuffles them). The noise comes from float32 uniforms in
+   [tiny, 1 - 2^-23] (`jax.random.gumbel`'s mode "low"), so it lies in [-4.5, 15.9]: a token
+   more than 20.4 below the largest processed logit (a probability under 1.4e-9) is never
+   drawn. Mode "high" would reach ~32 for twice the random bits.
 
 Logprobs (the chosen token's and the `num_top` most likely) are of the model's raw
 distribution, `log_softmax(logits)` before any of the steps above (vLLM's default
 `logprobs_mode`).
 
-Cost. Per row: a log-softmax and a top-`num_top` over the vocabulary for the logprobs, always.
-The rest sits behind `lax.cond`s whose predicates are data, so nothing recompiles when the mix
-changes: penalties (three elementwise passes over `[rows, vocab]`) only when some row has one;
-the noise (`rows x vocab` Threefry draws) and min-p only when some row samples; and a sort of
-the vocabulary per row (values only, no indices: `rows x V log V`) only when some row sets
-top-k or top-p. When every row is greedy without penalties, the step is the logprobs plus one
-argmax. On a GPU each `lax.cond` reads its predicate on the host (a small copy and a wait).
-Measured on a deviceless H200 compile at R=64, V=151936: see `benchmarks` in the engine's note
-(the figures are in this module's commit message).
+Cost. Always: a logsumexp, an argmax and the top `num_top` over the vocabulary (for the
+logprobs, in parts of `TOP_K_PART`, XLA's own GPU top-k kernel). The rest sits behind
+`lax.cond`s whose predicates are data, so nothing recompiles when the mix changes: the
+penalties (one fused elementwise pass over `[rows, vocab]`) only when some row has one; the
+temperature, min-p and the noise (`rows x vocab` Threefry draws) only when some row samples;
+and a sort of each row's vocabulary (values only, no index payload: `rows x V log V`) only
+when some row sets top-k or top-p. Unless XLA puts a conditional in a CUDA graph, a GPU
+`lax.cond` copies its predicate to the host and waits for it.
+
+Measured (deviceless H200 compile, jax 0.10.2, R=64, V=151936, bf16 logits): `sample` 68
+launches per call with every branch taken, 153 MiB temp, 35 s to compile; its parts: the
+always part (greedy rows without penalties) 11 launches, 18.6 MiB (the masked bf16 copy
+the second top-k part reads); penalties 1 launch, 0 temp; temperature + min-p 5 launches, 0
+temp; Gumbel noise + argmax 3 launches; the top-k/top-p sort 42 launches, 78.8 MiB. A
+deviceless compile has no CUB scratch sizes, so XLA sorts with its fallback (bitonic) kernels
+there; on a present GPU it uses CUB's radix sort (fewer launches). `lax.top_k(logprobs, 20)`
+in one piece would be a whole-row sort too: 31 launches and 74 MiB, against 6 and 37 MiB
+(f32) in two parts.
 
 The penalty state (`PenaltyState`: a prompt mask and output counts, `rows x vocab` each) lives
 on the device and is donated through the engine's step: `record_tokens` adds a step's tokens,
@@ -62,6 +74,7 @@ __all__ = [
     "MIN_TEMPERATURE",
     "PenaltyState",
     "SlotParams",
+    "TOP_K_PART",
     "empty_penalty_state",
     "processed_logits",
     "record_tokens",
@@ -175,7 +188,7 @@ def slot_params(rows: int, entries: Mapping[int, tuple[SamplingParams, int, int]
         if not 0 <= step < 2**31:
             raise ValueError(f"entries[{row}] has step={step}; it must be in [0, 2**31)")
         out["temperature"][row] = params.temperature
-        out["top_k"][row] = max(params.top_k, 0)  # -1 and 0 both mean every token
+        out["top_k"][row] = min(max(params.top_k, 0), 2**31 - 1)  # -1 and 0: every token
         out["top_p"][row] = params.top_p
         out["min_p"][row] = params.min_p
         out["repetition_penalty"][row] = params.repetition_penalty
@@ -248,7 +261,8 @@ def processed_logits(logits: jax.Array, slots: SlotParams, pen: PenaltyState) ->
 def _gumbel(key_data: jax.Array, step: jax.Array, vocab: int) -> jax.Array:
     def one(kd, s):
         key = jax.random.fold_in(jax.random.wrap_key_data(kd, impl="threefry2x32"), s)
-        return jax.random.gumbel(key, (vocab,), jnp.float32)
+        # mode named: the default follows a config flag, which would change the stream
+        return jax.random.gumbel(key, (vocab,), jnp.float32, mode="low")
 
     return jax.vmap(one)(key_data, step)
 
@@ -262,6 +276,30 @@ def _draw(x: jax.Array, slots: SlotParams, greedy_tokens: jax.Array) -> jax.Arra
     z = _scale_and_truncate(x, slots, truncate=truncate)
     drawn = jnp.argmax(z + _gumbel(slots.key, slots.step, x.shape[-1]), axis=-1)
     return jnp.where(slots.temperature > 0, drawn.astype(jnp.int32), greedy_tokens)
+
+
+TOP_K_PART = 16
+"""`lax.top_k` of at most this many runs as XLA's own GPU kernel (`__gpu$TopK`: one launch, no
+temp at [64, 151936]); a larger k becomes a sort of the whole row (31 launches and 74 MiB of
+temp there, deviceless H200). So `num_top` = 20 is taken as 16, then 4 of the rest."""
+
+
+def _top_k_in_parts(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+    """`lax.top_k(x, k)` (most likely first, the lower id first on a tie) in parts of at most
+    TOP_K_PART: each part's ids are set to -inf before the next part is taken."""
+    rows = jnp.arange(x.shape[0])[:, None]
+    values, ids = [], []
+    while k > 0:
+        part = min(k, TOP_K_PART)
+        v, i = lax.top_k(x, part)
+        values.append(v)
+        ids.append(i)
+        k -= part
+        if k:
+            x = x.at[rows, i].set(-jnp.inf)
+    if not values:
+        return jnp.zeros((x.shape[0], 0), x.dtype), jnp.zeros((x.shape[0], 0), jnp.int32)
+    return jnp.concatenate(values, axis=-1), jnp.concatenate(ids, axis=-1).astype(jnp.int32)
 
 
 def sample(
@@ -282,7 +320,7 @@ def sample(
     Returns:
       tokens: i32[R]; chosen_logprob: f32[R], the logprob of `tokens` under
       `log_softmax(logits)`; top_ids: i32[R, num_top], the most likely tokens, most likely
-      first (`lax.top_k`: the lower id first on a tie); top_logprobs: f32[R, num_top], theirs.
+      first (the lower id first on a tie); top_logprobs: f32[R, num_top], theirs.
     """
     if logits.ndim != 2:
         raise ValueError(f"logits.shape={logits.shape} must be [rows, vocab]")
@@ -300,8 +338,11 @@ def sample(
             f"{pen.prompt_mask.shape}; the logits are {(rows, vocab)}"
         )
     x = logits.astype(jnp.float32)
-    logprobs = jax.nn.log_softmax(x, axis=-1)
-    top_logprobs, top_ids = lax.top_k(logprobs, num_top)
+    # log_softmax(x) = x - logsumexp(x), never materialised at [R, V]: the top ids are the
+    # logits' own (in their dtype: a bf16 copy is what the second top-k part masks).
+    lse = jax.nn.logsumexp(x, axis=-1)
+    top_raw, top_ids = _top_k_in_parts(logits, num_top)
+    top_logprobs = top_raw.astype(jnp.float32) - lse[:, None]
 
     penalized = jnp.any(
         (slots.repetition_penalty != 1)
@@ -312,8 +353,8 @@ def sample(
     greedy_tokens = jnp.argmax(x, axis=-1).astype(jnp.int32)
     sampled = jnp.any(slots.temperature > 0)
     tokens = lax.cond(sampled, _draw, lambda x, slots, g: g, x, slots, greedy_tokens)
-    chosen = jnp.take_along_axis(logprobs, tokens[:, None], axis=-1)[:, 0]
-    return tokens, chosen, top_ids.astype(jnp.int32), top_logprobs
+    chosen = jnp.take_along_axis(logits, tokens[:, None], axis=-1)[:, 0].astype(jnp.float32) - lse
+    return tokens, chosen, top_ids, top_logprobs
 
 
 def record_tokens(pen: PenaltyState, rows_active: jax.Array, tokens: jax.Array) -> PenaltyState:
@@ -332,7 +373,9 @@ def reset_row(
     """Loads one row: a request entering slot `row` (i32 scalar, traced: one executable for
     every row), with its prompt's tokens (`prompt_ids_mask`, bool[V]) and the counts of its
     output so far (`output_counts`, i32[V]; zeros for a new request, the tokens generated
-    before a preemption for a resumed one). Other rows unchanged. Jittable; donate `pen`."""
+    before a preemption for a resumed one). Other rows unchanged. Jittable; donate `pen`.
+    `row` must be in [0, R): being traced, it cannot be checked here, and XLA clamps an index
+    outside the array to its first or last row."""
     row = jnp.asarray(row, jnp.int32)
     return PenaltyState(
         prompt_mask=lax.dynamic_update_index_in_dim(

@@ -6,10 +6,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+import threading
+import time
+from pathlib import Path
 
-from jaxarena import Target
+from jaxarena import ModelConfig, Target
 from jaxarena._units import format_bytes
 from jaxarena.models.runtime import load_pretrained
+
+# A run longer than this prints what it is doing on stderr, every PROGRESS_SECONDS after.
+PROGRESS_AFTER_SECONDS = 3.0
+PROGRESS_SECONDS = 5.0
 
 __all__ = ["run_generate"]
 
@@ -39,10 +47,19 @@ def run_generate(args: argparse.Namespace, error: type[Exception] = ValueError) 
     # per free sequence slot, plus one, so one compiled prefill serves every request).
     tokens = args.max_batch_tokens or sum(len(p) for p in prompts) + batch + 1 - len(prompts)
     seq = args.max_seq_len or -(-longest // block) * block
-    lm = load_pretrained(args.path, max_batch_tokens=tokens, max_seq_len=seq,
-                         kv_block_size=block, max_batch_size=batch,
-                         target=Target.preset(args.target), packed=args.packed)  # fmt: skip
-    out = lm.generate(prompts, args.max_new_tokens)
+    # Before the load (seconds): the model's context bounds every sequence it runs.
+    config_file = Path(args.path) / "config.json"
+    if config_file.is_file():  # else load_pretrained says what is missing
+        config = ModelConfig.from_hf(config_file)
+        if args.max_seq_len:
+            config.check_context(seq, f"--max-seq-len {seq:,}", error)
+        config.check_context(longest, f"the longest prompt + --max-new-tokens = {longest:,} "
+                             "tokens", error)  # fmt: skip
+    with _Progress(f"{len(prompts)} x {args.max_new_tokens} new tokens"):
+        lm = load_pretrained(args.path, max_batch_tokens=tokens, max_seq_len=seq,
+                             kv_block_size=block, max_batch_size=batch,
+                             target=Target.preset(args.target), packed=args.packed)  # fmt: skip
+        out = lm.generate(prompts, args.max_new_tokens)
     st = lm.last_stats
     rate = lambda n, t: n / t if t > 0 else float("inf")  # noqa: E731
     result = {
@@ -76,3 +93,32 @@ def run_generate(args: argparse.Namespace, error: type[Exception] = ValueError) 
     print(f"decode: {st['decode_tokens']} tokens, {result['decode_tokens_per_s']:.1f} tokens/s")
     print("compile: " + ", ".join(f"{k} {v:.2f} s" for k, v in lm.compile_seconds.items()))
     return 0
+
+
+class _Progress:
+    """While a `generate` runs: silent for its first `PROGRESS_AFTER_SECONDS`, then one line
+    on stderr every `PROGRESS_SECONDS` saying how long it has run (a long decode is no
+    longer silent for minutes). A daemon thread; stopped when the block exits."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._tick, daemon=True)
+
+    def _tick(self) -> None:
+        t0 = time.perf_counter()
+        wait = PROGRESS_AFTER_SECONDS
+        while not self.done.wait(wait):
+            elapsed = time.perf_counter() - t0
+            print(f"jaxarena: generate: {elapsed:.0f} s, still loading, compiling or decoding "
+                  f"({self.what})", file=sys.stderr, flush=True)  # fmt: skip
+            wait = PROGRESS_SECONDS
+
+    def __enter__(self) -> _Progress:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+        self.thread.join()
+

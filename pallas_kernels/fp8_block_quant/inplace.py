@@ -39,6 +39,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels._arena_io import ROW_BYTES, WORD, plan_windows
+from pallas_kernels._cost import declare_fixed, nbytes
 from pallas_kernels.fp8_block_quant.kernel import (
     activation,
     block_scale,
@@ -235,6 +236,10 @@ def quantize_inplace(
     inputs = [x] if up is None else [x, up]
     any_spec = pl.BlockSpec(memory_space=pl.ANY)
     params = plgpu.CompilerParams(num_warps=4, num_stages=1)
+    # Reads x (and up), writes the FP8 bytes and one f32 scale per block of the rows.
+    declare_fixed("fp8_silu_mul_quant_inplace" if up is not None else "fp8_block_quant_inplace",
+                  (pl.cdiv(rows, tile), num_blocks), [*inputs, words],
+                  bytes=nbytes(*inputs) + rows * (k + 4 * num_blocks))  # fmt: skip
     words = pl.pallas_call(
         kernel,
         grid=(pl.cdiv(rows, tile), num_blocks),
@@ -250,6 +255,8 @@ def quantize_inplace(
     if packed:
         pack = functools.partial(_pack_kernel, m=m, rows=rows, num_blocks=num_blocks, s_at=s_at,
                                  t_at=t_at)  # fmt: skip
+        declare_fixed("fp8_pack_ue8m0_inplace", (rows // _pack_tile(rows), nb4), [words],
+                      bytes=rows * num_blocks * 4 + rows * nb4 * 4)  # f32 scales in, packed out
         words = pl.pallas_call(
             pack,
             grid=(rows // _pack_tile(rows), nb4),

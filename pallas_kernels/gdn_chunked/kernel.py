@@ -5,7 +5,10 @@ sequence is padded), so a chunk belongs to one sequence. `cmap int32[4, NT]` des
 slot `c`: its sequence, its first token, its valid rows `n` (1..64) and flags (bit 0: first
 chunk of its sequence, bit 1: last chunk, bit 2: in use). Padded rows read `k = v = g = beta =
 0`, which leaves every sum unchanged: `w`, `u` and `v_new` are 0 there and the cumulative gate
-of a padded row equals that of the chunk's last valid row.
+of a padded row equals that of the chunk's last valid row. In the arena form the slots of a
+call may outnumber the region's: the kernels then run in rounds over the next `NT` slots each
+(ops.py), `cmap` describing the round's, and the state kernel carries a sequence cut by a
+round boundary through the final states (f32).
 
 Three kernels, all addressing the scratch `ws uint16[rows, 128]` (256-byte rows; the whole
 arena in the arena form) at the section rows of `jaxarena.workspaces.gdn_fla_sections`:
@@ -16,8 +19,9 @@ arena in the arena form) at the section rows of `jaxarena.workspaces.gdn_fla_sec
   substitution, on chip only), `w = A (beta exp(gc) k)`, `u = A (beta v)` into `W`, `U`.
 - `gdn_state_kernel` (grid value head x block of value columns): walks the chunk slots in
   order with the state `h [K, block_v]` f32 in registers; per chunk stores `h` into `S` and
-  `v_new = u - w h` into `uc`, then `h <- exp(gc_last) h + k^T (v_new exp(gc_last - gc))`,
-  and the final state (f32) of a sequence at its last chunk.
+  `v_new = u - w h` into `uc`, then `h <- exp(gc_last) h + k^T (v_new exp(gc_last - gc))`;
+  `h` starts from the final-state array (holding the initial states) and is written back
+  to it at a sequence's last chunk (and at a round's last slot).
 - `gdn_output_kernel` (grid chunk x value head x block of value columns):
   `o = scale (q S) exp(gc) + scale tril(q k^T exp(gc_i - gc_j)) v_new`.
 
@@ -65,7 +69,6 @@ class GdnGeom:
     gc_row: int
     scale: float
     l2norm: bool
-    has_init: bool
     block_v: int
 
 
@@ -186,40 +189,32 @@ def gdn_prep_kernel(cmap_ref, k_ref, v_ref, g_ref, beta_ref, ws_in_ref, ws_ref, 
         _store_bf16(ws_ref, geom.u_row + row0, CHUNK, pl.ds(0, V), _dot(a, v * beta[:, None]))
 
 
-def gdn_state_kernel(cmap_ref, nact_ref, k_ref, init_ref, ws_in_ref, ws_ref, final_ref, *, geom):
-    """One (value head h, block j of value columns): the chunk recurrence.
+def gdn_state_kernel(cmap_ref, nact_ref, k_ref, fin_in_ref, ws_in_ref, ws_ref, final_ref, *,
+                     geom):  # fmt: skip
+    """One (value head h, block j of value columns): the chunk recurrence over one round.
 
-    Refs (whole arrays): cmap `int32[4, NT]`, nact `int32[1]` (chunk slots in use), k `[T, H, K]`, init `[S, HV, K, V]` (unused
-    without `has_init`), ws_in (aliased to ws, unused), ws (read: W, U, gc; written: S, uc),
-    final `f32[S, HV, K, V]` (written: this head's columns of every sequence).
+    Refs (whole arrays): cmap `int32[4, NT]`, nact `int32[1]` (chunk slots in use this round),
+    k `[T, H, K]`, fin_in / ws_in (aliased to final / ws, unused), ws (read: W, U, gc;
+    written: S, uc), final `f32[S, HV, K, V]` (read and written: this head's columns).
+
+    `final` holds each sequence's state between rounds: on entry the initial states, so a
+    sequence with no chunk keeps its own. The state is read from it at a sequence's first
+    chunk and at the round's first slot (a sequence continued from the previous round), and
+    written to it at a sequence's last chunk and at the round's last slot in use (f32 both
+    ways: a sequence cut by a round boundary is computed bit for bit as one that is not).
     """
-    del ws_in_ref
+    del fin_in_ref, ws_in_ref
     h, j = pl.program_id(0), pl.program_id(1)
     hv, K, bv = geom.num_value_heads, geom.key_dim, geom.block_v
     hk = h // (hv // geom.num_heads)
     cols = pl.ds(pl.multiple_of(j * bv, bv), bv)
     f32 = jnp.float32
-
-    def init_of(s):
-        if not geom.has_init:
-            return jnp.zeros((K, bv), f32)
-        return init_ref[s, h, :, cols].astype(f32)
-
-    # A sequence with no tokens has no chunk: its final state is its initial state. Every
-    # other sequence's final state is stored at its last chunk below.
-    def copy_init(s, carry):
-        final_ref[s, h, :, cols] = init_of(s)
-        return carry
-
-    jax.lax.fori_loop(0, geom.num_seqs, copy_init, 0)
+    nact = nact_ref[0]
 
     def body(c, state):
         seq, start, n, flags = _chunk(cmap_ref, c)
-        first = (flags & FIRST) != 0
-        if geom.has_init:  # the initial state is read only at a sequence's first chunk
-            state = jax.lax.cond(first, lambda: init_of(seq), lambda: state)
-        else:
-            state = jnp.where(first, 0.0, state)
+        enter = ((flags & FIRST) != 0) | (c == 0)
+        state = jax.lax.cond(enter, lambda: final_ref[seq, h, :, cols].astype(f32), lambda: state)
         row0 = (c * hv + h) * CHUNK
         _store_bf16(ws_ref, geom.s_row + (c * hv + h) * K, K, cols, state)
         w = _load_bf16(ws_ref, geom.w_row + row0, CHUNK, pl.ds(0, K))
@@ -232,21 +227,23 @@ def gdn_state_kernel(cmap_ref, nact_ref, k_ref, init_ref, ws_in_ref, ws_ref, fin
         v_dec = v_new * jnp.exp(g_last - gc)[:, None]
         state = state * jnp.exp(g_last) + _dot(k, v_dec, _TN)
 
-        @pl.when((flags & LAST) != 0)
+        @pl.when(((flags & LAST) != 0) | (c == nact - 1))
         def _():
             final_ref[seq, h, :, cols] = state
 
         return state
 
-    jax.lax.fori_loop(0, nact_ref[0], body, jnp.zeros((K, bv), f32))
+    jax.lax.fori_loop(0, nact, body, jnp.zeros((K, bv), f32))
 
 
-def gdn_output_kernel(cmap_ref, q_ref, k_ref, ws_ref, o_ref, *, geom):
+def gdn_output_kernel(cmap_ref, q_ref, k_ref, ws_ref, *o_refs, geom):
     """One (chunk slot c, value head h, block j of value columns): the chunk's outputs.
 
-    Refs (whole arrays): cmap, q / k `[T, H, K]`, ws (read: S, uc, gc), o `[T, HV, V]`
-    (written: the chunk's valid rows, this head's columns).
+    Refs (whole arrays): cmap, q / k `[T, H, K]`, ws (read: S, uc, gc), then `o [T, HV, V]`
+    (written: the chunk's valid rows, this head's columns), preceded by its aliased input
+    (unused) when the call runs in rounds and each round writes only its chunks' rows.
     """
+    o_ref = o_refs[-1]
     c, h, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     hv, K, bv = geom.num_value_heads, geom.key_dim, geom.block_v
     hk = h // (hv // geom.num_heads)

@@ -3,7 +3,8 @@
 Three Pallas kernels (kernel.py): per (chunk, value head) `gc`, `w`, `u` into the scratch;
 per (value head, value-column block) the chunk recurrence with the state on chip, storing the
 state entering each chunk (`S`), `v_new` (`uc`) and the final states; per (chunk, value head,
-value-column block) the outputs. The launches do not depend on T. The scratch is a
+value-column block) the outputs. The launches do not depend on T (the arena form runs them
+in rounds when more sequences come than its slots hold: `gdn_chunked_into`). The scratch is a
 `uint16[rows, 128]` array of 256-byte rows laid out by `jaxarena.workspaces.gdn_fla_sections`
 (W | U | S | uc | gc); in the arena form it is the arena itself (a bitcast) and the kernels
 address `gdn_fla_scratch`'s rows, so the intermediates never need a temporary.
@@ -54,9 +55,11 @@ _BLOCK_V_OUT = 64
 
 
 def _chunk_map(cu: jax.Array, num_slots: int) -> tuple[jax.Array, jax.Array]:
-    """`(cmap int32[4, NT], nact int32[1])`: per chunk slot its sequence, first token, valid
-    rows and flags (kernel.py), and the slots in use. Sequence `s` takes
-    `ceil(len_s / 64)` consecutive slots from `sum_{r < s} ceil(len_r / 64)`."""
+    """`(cmap int32[4, num_slots], used int32[])`: per chunk slot of the call its sequence,
+    first token, valid rows and flags (kernel.py), and the slots in use. Sequence `s` takes
+    `ceil(len_s / 64)` consecutive slots from `sum_{r < s} ceil(len_r / 64)` (none when
+    empty); round `r` of the arena form runs slots `r NT .. (r + 1) NT - 1` in the region's
+    slots `0 .. NT - 1`."""
     S = cu.shape[0] - 1
     lens = cu[1:] - cu[:-1]
     ccu = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum((lens + CHUNK - 1) // CHUNK)])
@@ -71,58 +74,90 @@ def _chunk_map(cu: jax.Array, num_slots: int) -> tuple[jax.Array, jax.Array]:
     flags = jnp.where(j == 0, FIRST, 0) | jnp.where(start + CHUNK >= end, LAST, 0)
     flags = jnp.where(active, flags | ACTIVE, 0)
     cmap = jnp.stack([seq, start, n, flags]).astype(jnp.int32)
-    return cmap, ccu[S:].astype(jnp.int32)
+    return cmap, ccu[S].astype(jnp.int32)
 
 
-@functools.partial(jax.jit, static_argnames=("geom", "interpret"))
-def _gdn_impl(q, k, v, g, beta, init, cu, ws, *, geom: GdnGeom, interpret: bool):
-    T, HV, V = geom.num_tokens, geom.num_value_heads, geom.value_dim
-    cmap, nact = _chunk_map(cu.astype(jnp.int32), geom.num_chunks)
+@functools.partial(jax.jit, static_argnames=("geom", "rounds", "interpret"))
+def _gdn_impl(q, k, v, g, beta, final, cu, ws, *, geom: GdnGeom, rounds: bool, interpret: bool):
+    """The three kernels over `geom.num_chunks` physical slots; `final` enters as the initial
+    states (f32, aliased: it becomes the final states). With `rounds`, in a `while_loop` of
+    `ceil(slots in use / NT)` rounds, each on the next `NT` slots of the call (`_chunk_map`):
+    the scratch, `final` and `o` are carried, and a sequence cut by a round boundary
+    continues from its state in `final` (the state kernel)."""
+    T, HV, V, nt = geom.num_tokens, geom.num_value_heads, geom.value_dim, geom.num_chunks
+    cu = cu.astype(jnp.int32)
     params = plgpu.CompilerParams(num_warps=8, num_stages=1)
     whole = pl.no_block_spec
     g32, beta32 = g.astype(jnp.float32), beta.astype(jnp.float32)
-    ws = pl.pallas_call(
-        functools.partial(gdn_prep_kernel, geom=geom),
-        grid=(geom.num_chunks, HV),
-        in_specs=[whole] * 6,
-        out_specs=whole,
-        out_shape=jax.ShapeDtypeStruct(ws.shape, ws.dtype),
-        input_output_aliases={5: 0},
-        compiler_params=params,
-        interpret=interpret,
-        name="gdn_chunk_prep",
-    )(cmap, k, v, g32, beta32, ws)
     st = dataclasses.replace(geom, block_v=min(_BLOCK_V_STATE, V))
-    ws, final = pl.pallas_call(
-        functools.partial(gdn_state_kernel, geom=st),
-        grid=(HV, V // st.block_v),
-        in_specs=[whole] * 5,
-        out_specs=[whole, whole],
-        out_shape=[
-            jax.ShapeDtypeStruct(ws.shape, ws.dtype),
-            jax.ShapeDtypeStruct((geom.num_seqs, HV, geom.key_dim, V), jnp.float32),
-        ],
-        input_output_aliases={4: 0},
-        compiler_params=params,
-        interpret=interpret,
-        name="gdn_chunk_state",
-    )(cmap, nact, k, init, ws)
     out = dataclasses.replace(geom, block_v=min(_BLOCK_V_OUT, V))
-    o = pl.pallas_call(
-        functools.partial(gdn_output_kernel, geom=out),
-        grid=(geom.num_chunks, HV, V // out.block_v),
-        in_specs=[whole] * 4,
-        out_specs=whole,
-        out_shape=jax.ShapeDtypeStruct((T, HV, V), v.dtype),
-        compiler_params=params,
-        interpret=interpret,
-        name="gdn_chunk_output",
-    )(cmap, q, k, ws)
+    o_shape = jax.ShapeDtypeStruct((T, HV, V), v.dtype)
+
+    # The whole call's map at once (a few hundred ints; (T + 63 S) // 64 slots at most, so
+    # ceil of that over NT rounds): a round only slices it.
+    bound = max((T + (CHUNK - 1) * geom.num_seqs) // CHUNK, 1)
+    cmap_all, used = _chunk_map(cu, -(-bound // nt) * nt if rounds else nt)
+
+    def one_round(base, ws, final, o):
+        cmap = lax.dynamic_slice_in_dim(cmap_all, base, nt, axis=1)
+        nact = jnp.clip(used - base, 0, nt)[None]
+        ws = pl.pallas_call(
+            functools.partial(gdn_prep_kernel, geom=geom),
+            grid=(nt, HV),
+            in_specs=[whole] * 6,
+            out_specs=whole,
+            out_shape=jax.ShapeDtypeStruct(ws.shape, ws.dtype),
+            input_output_aliases={5: 0},
+            compiler_params=params,
+            interpret=interpret,
+            name="gdn_chunk_prep",
+        )(cmap, k, v, g32, beta32, ws)
+        ws, final = pl.pallas_call(
+            functools.partial(gdn_state_kernel, geom=st),
+            grid=(HV, V // st.block_v),
+            in_specs=[whole] * 5,
+            out_specs=[whole, whole],
+            out_shape=[jax.ShapeDtypeStruct(ws.shape, ws.dtype),
+                       jax.ShapeDtypeStruct(final.shape, final.dtype)],
+            input_output_aliases={4: 0, 3: 1},
+            compiler_params=params,
+            interpret=interpret,
+            name="gdn_chunk_state",
+        )(cmap, nact, k, final, ws)  # fmt: skip
+        # One round writes every row: o is a fresh output. In rounds each writes its chunks'
+        # rows of the carried o.
+        carried = () if o is None else (o,)
+        o = pl.pallas_call(
+            functools.partial(gdn_output_kernel, geom=out),
+            grid=(nt, HV, V // out.block_v),
+            in_specs=[whole] * (4 + len(carried)),
+            out_specs=whole,
+            out_shape=o_shape,
+            input_output_aliases={4: 0} if carried else {},
+            compiler_params=params,
+            interpret=interpret,
+            name="gdn_chunk_output",
+        )(cmap, q, k, ws, *carried)
+        return ws, final, o
+
+    if not rounds:
+        ws, final, o = one_round(0, ws, final, None)
+        return o, final, ws
+    num_rounds = (used + nt - 1) // nt
+
+    def body(carry):
+        r, ws, final, o = carry
+        return (r + 1, *one_round(r * nt, ws, final, o))
+
+    # Rows of tokens past cu[S] (none when cu ends at T) are never written: zeros.
+    o = jnp.zeros(o_shape.shape, o_shape.dtype)
+    carry = (jnp.zeros((), jnp.int32), ws, final, o)
+    _, ws, final, o = lax.while_loop(lambda c: c[0] < num_rounds, body, carry)
     return o, final, ws
 
 
-def _geom(dims: Dims, rows: dict[str, int], num_chunks: int, row0: int, *, scale, l2norm,
-          has_init) -> GdnGeom:  # fmt: skip
+def _geom(dims: Dims, rows: dict[str, int], num_chunks: int, row0: int, *, scale,
+          l2norm) -> GdnGeom:  # fmt: skip
     return GdnGeom(
         num_tokens=dims.num_tokens,
         num_heads=dims.num_heads,
@@ -138,7 +173,6 @@ def _geom(dims: Dims, rows: dict[str, int], num_chunks: int, row0: int, *, scale
         gc_row=row0 + rows["gc"],
         scale=float(dims.key_dim**-0.5 if scale is None else scale),
         l2norm=l2norm,
-        has_init=has_init,
         block_v=min(_BLOCK_V_STATE, dims.value_dim),
     )
 
@@ -152,7 +186,11 @@ def _prepare(q, k, v, g, beta, cu_seqlens, initial_states, scale, use_qk_l2norm)
     )  # fmt: skip
     if cu_seqlens is None:
         cu_seqlens = jnp.array([0, dims.num_tokens], jnp.int32)
-    init = jnp.zeros((1, 1, 1, 1), jnp.float32) if initial_states is None else initial_states
+    shape = (dims.num_seqs, dims.num_value_heads, dims.key_dim, dims.value_dim)
+    if initial_states is None:
+        init = jnp.zeros(shape, jnp.float32)
+    else:
+        init = initial_states.astype(jnp.float32)
     return dims, jnp.asarray(cu_seqlens), init
 
 
@@ -204,12 +242,12 @@ def gdn_chunked(
     dims, cu, init = _prepare(q, k, v, g, beta, cu_seqlens, initial_states, scale, use_qk_l2norm)
     nt = dims.chunk_slots
     rows = section_rows(dims, nt)
-    geom = _geom(dims, rows, nt, 0, scale=scale, l2norm=use_qk_l2norm,
-                 has_init=initial_states is not None)  # fmt: skip
+    geom = _geom(dims, rows, nt, 0, scale=scale, l2norm=use_qk_l2norm)
     ws = jnp.zeros((rows["rows"], ROW_BYTES // 2), jnp.uint16)
     o, final, _ = _gdn_impl(
-        q, k, v, g, beta, init, cu, ws, geom=geom, interpret=resolve_interpret(interpret)
-    )
+        q, k, v, g, beta, init, cu, ws, geom=geom, rounds=False,
+        interpret=resolve_interpret(interpret),
+    )  # fmt: skip
     return o, final
 
 
@@ -246,6 +284,17 @@ def gdn_chunked_into(
     (CPU), only the region's rows are sliced out and written back (`dynamic_update_slice`,
     in place on a donated arena), as a CPU bitcast of the whole arena would copy it.
 
+    Any mix of sequences fits: S sequences of T tokens use `sum ceil(len_s / 64) <=
+    (T + 63 S) // 64` chunk slots (empty ones none), which can exceed `nt` (the seed's
+    `nt = ceil(M / 64) + 16` covers M tokens in at most 17 sequences). When that static bound
+    does exceed `nt`, the kernels run in rounds (a `while_loop`) of `nt` slots each, as many
+    as the slots in use need (`ceil(used / nt)`, one for most calls), a sequence cut by a
+    round boundary continuing from its f32 state (the same bits as without the cut). A round
+    launches the three kernels and three scalar-sized XLA ops (its slice of the chunk map,
+    its slot count, the counter) besides the loop's compare; the region's bytes stay the
+    seed's. Every non-empty sequence still takes whole chunks (a one-token sequence does a
+    64-row chunk's work), as in one round.
+
     Args:
       arena: the plan's `uint8[rows, 256]` arena; donate it to the enclosing `jit`.
       plan: its `jaxarena.ArenaPlan`, with a `gdn_fla_scratch` region on a 256-byte row.
@@ -258,9 +307,7 @@ def gdn_chunked_into(
     Raises:
       ArenaError (a ValueError): an arena that is not the plan's.
       ValueError: what `gdn_chunked` rejects; a plan without the region, a region not on an
-        arena row, or too small for the call: S sequences of T tokens need up to
-        `(T + 63 S) // 64` chunk slots (`nt = ceil(M / 64) + 16` holds M tokens in up to 17
-        sequences); never a write past the region.
+        arena row or smaller than one chunk slot; never a write past the region.
       NotImplementedError: head dims other than 128, and what `gdn_chunked` refuses.
     """
     what = "gdn_chunked_into"
@@ -281,13 +328,10 @@ def gdn_chunked_into(
             f"{ROW_BYTES}-byte arena row; build the plan with align_bytes >= {ROW_BYTES}"
         )
     nt = region_chunk_slots(region.nbytes, dims.num_value_heads)
-    need = dims.chunk_slots
-    if need > nt:
+    if nt < 1:
         raise ValueError(
-            f"{what}: {dims.num_seqs} sequences of T={dims.num_tokens} tokens in total need "
-            f"up to (T + 63 S) // 64 = {need} chunk slots of 64 tokens (each sequence padded "
-            f"to whole chunks), but region {GDN_REGION!r} ({region.nbytes} bytes) holds "
-            f"{nt} for HV={dims.num_value_heads}; split the batch into fewer sequences"
+            f"{what}: region {GDN_REGION!r} ({region.nbytes} bytes) holds no chunk slot of 64 "
+            f"tokens for HV={dims.num_value_heads} value heads; size the arena for this model"
         )
     rows = section_rows(dims, nt)
     plan.check_fits(
@@ -298,10 +342,13 @@ def gdn_chunked_into(
     interpret = resolve_interpret(interpret)
     lo = region.offset_bytes // ROW_BYTES
     hi = lo + rows["rows"]
-    geom = _geom(dims, rows, nt, lo if not interpret else 0, scale=scale,
-                 l2norm=use_qk_l2norm, has_init=initial_states is not None)  # fmt: skip
+    geom = _geom(dims, rows, nt, lo if not interpret else 0, scale=scale, l2norm=use_qk_l2norm)
     ws = _arena_window(arena, lo, hi, whole=not interpret)
-    o, final, ws = _gdn_impl(q, k, v, g, beta, init, cu, ws, geom=geom, interpret=interpret)
+    # Rounds only when the sequences may need more slots than the region holds (a static
+    # bound: empty sequences take none, so the loop may still run once).
+    rounds = dims.chunk_slots > nt
+    o, final, ws = _gdn_impl(q, k, v, g, beta, init, cu, ws, geom=geom, rounds=rounds,
+                             interpret=interpret)  # fmt: skip
     out = lax.bitcast_convert_type(ws, jnp.uint8).reshape(ws.shape[0], ROW_BYTES)
     if interpret:
         arena = lax.dynamic_update_slice(arena, out, (lo, 0))

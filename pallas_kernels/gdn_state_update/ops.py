@@ -20,6 +20,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels._args import check_nonempty, check_rank, resolve_interpret
+from pallas_kernels._cost import declare_fixed, nbytes
 from pallas_kernels.gdn_state_update.kernel import GdnUpdateConfig, gdn_state_update_kernel
 from pallas_kernels.ssd_state_update.checks import _as_indices, _check_dtype, _check_indices
 
@@ -40,6 +41,10 @@ def _check(name: str, v: Any, want: tuple[int, ...], layout: str) -> None:
 def _update(state, idx, q, k, v, g, beta, *, cfg: GdnUpdateConfig, interpret: bool):
     B, HV, V = v.shape
     whole = pl.no_block_spec
+    # Each sequence's state row read and written once, its inputs read, o written.
+    declare_fixed("gdn_state_update", (B, HV, V // cfg.block_v), (idx, q, k, v, g, beta, state),
+                  bytes=nbytes(idx, q, k, v, g, beta) + 2 * B * nbytes(state) // state.shape[0]
+                  + nbytes(v))  # fmt: skip
     o, state = pl.pallas_call(
         functools.partial(gdn_state_update_kernel, cfg=cfg),
         grid=(B, HV, V // cfg.block_v),

@@ -26,6 +26,7 @@ from jaxarena import workspaces
 from jaxarena._arena.bytes import store_bytes
 from pallas_kernels._arena_io import ROW_BYTES, plan_windows
 from pallas_kernels._args import resolve_interpret
+from pallas_kernels._cost import declare_fixed, nbytes, touched_groups
 from pallas_kernels.fp8_block_quant.inplace import quantize_inplace
 from pallas_kernels.grouped_gemm.checks import (
     check_fp8,
@@ -71,6 +72,14 @@ def _run(arena, x, w_bits, scale_inv, group_sizes, row_ids, offset, *, cfg, part
     n_tiles = pl.cdiv(cfg.n, cfg.block_n)
     rows = pl.cdiv(cfg.m, cfg.block_m) * cfg.block_m if interpret else cfg.m
     cols = n_tiles * cfg.block_n if interpret else cfg.n
+    # The weights of the groups (experts) the rows touch under uniform routing, the rows of
+    # lhs once per N tile, the output once; 2 * M * N * K flops.
+    rhs_like = [a for a in operands if a.ndim == 3]
+    share = touched_groups(rhs_like[0].shape[0], cfg.m) / rhs_like[0].shape[0] if rhs_like else 1
+    declare_fixed("grouped_gemm_fp8_arena", (items.shape[0], n_tiles), operands,
+                  bytes=share * nbytes(*rhs_like) + n_tiles * cfg.m * (cfg.k + 4 * nb)
+                  + cfg.m * cfg.n * jnp.dtype(out_dtype).itemsize,
+                  flops=2 * cfg.m * cfg.n * cfg.k)  # fmt: skip
     any_spec = pl.BlockSpec(memory_space=pl.ANY)
     out = pl.pallas_call(
         functools.partial(grouped_gemm_kernel, cfg=cfg),

@@ -24,6 +24,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels._args import is_int, resolve_interpret
+from pallas_kernels._cost import declare_fixed, nbytes, touched_groups
 from pallas_kernels.fp8_block_quant import fp8_block_quant
 from pallas_kernels.grouped_gemm.checks import (
     check_dense,
@@ -109,6 +110,14 @@ def run_gemm(items, bounds, count, row_ids, lhs, lhs_scale, rhs, rhs_scale, grou
     # Interpret mode: whole tiles of output (see the kernel's store); compiled: exactly [m, n].
     rows = pl.cdiv(cfg.m, cfg.block_m) * cfg.block_m if interpret else cfg.m
     cols = n_tiles * cfg.block_n if interpret else cfg.n
+    # The weights of the groups (experts) the rows touch under uniform routing, the rows of
+    # lhs once per N tile, the output once; 2 * M * N * K flops.
+    rhs_like = [a for a in operands if a.ndim == 3]
+    share = touched_groups(rhs_like[0].shape[0], cfg.m) / rhs_like[0].shape[0] if rhs_like else 1
+    declare_fixed("grouped_gemm_fp8" if cfg.fp8 else "grouped_gemm", (num_items, n_tiles), operands,
+                  bytes=share * nbytes(*rhs_like) + n_tiles * cfg.m * cfg.k * jnp.dtype(lhs.dtype).itemsize
+                  + cfg.m * cfg.n * jnp.dtype(out_dtype).itemsize,
+                  flops=2 * cfg.m * cfg.n * cfg.k)  # fmt: skip
     any_spec = pl.BlockSpec(memory_space=pl.ANY)
     out = pl.pallas_call(
         functools.partial(grouped_gemm_kernel, cfg=cfg),

@@ -47,6 +47,7 @@ from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels._arena_io import ROW_BYTES, WORDS_PER_ROW, plan_windows
 from pallas_kernels._args import resolve_interpret
+from pallas_kernels._cost import KernelCost, Workload, declare_cost
 from pallas_kernels.prefill_attention.checks import FP8_DTYPE, OUTPUT_REGION
 from pallas_kernels.prefill_attention.checks import validate as _validate
 from pallas_kernels.prefill_attention.kernel import (
@@ -136,6 +137,36 @@ def _tile_table(cu, seq_lens, *, T, block_t, max_tiles, cap):
     return jnp.stack([cols[f] for f in TILE_FIELDS], axis=1)
 
 
+def _prefill_cost(q, k_cache, v_cache, d_v, window, block_h, block_t, geo):
+    """The declared cost (`pallas_kernels._cost`) for prompts of `Workload.context` tokens
+    packed into the `T` rows, each from an empty cache: a program (tile of `block_t`
+    tokens, KV head, head block) reads the keys its rows see, rounded up to `block_k`
+    (K and, unless V is K's prefix, V of its KV head), its query rows, and writes its
+    output rows; flops are q.k and p.v over the causal (windowed) keys."""
+    T, Hq, D = q.shape
+    Hkv = k_cache.shape[2]
+    head_blocks = -(-(Hq // Hkv) // block_h)
+    bk = geo["block_k"]
+    per_key = D * jnp.dtype(k_cache.dtype).itemsize + (
+        0 if v_cache is None else d_v * jnp.dtype(v_cache.dtype).itemsize)
+    it = jnp.dtype(q.dtype).itemsize
+
+    def cost(w: Workload) -> KernelCost:
+        L = max(1, min(w.context, T))
+        seqs, keys_read = -(-T // L), 0
+        for j in range(-(-L // block_t)):
+            end = min((j + 1) * block_t, L)
+            lo = max(0, j * block_t - window + 1) if window else 0
+            keys_read += -(-(end - lo // bk * bk) // bk) * bk
+        w_ = min(window or L, L)  # query i sees min(i + 1, window) keys
+        pairs = w_ * (w_ + 1) // 2 + (L - w_) * w_
+        kv = seqs * Hkv * head_blocks * keys_read * per_key
+        return KernelCost(bytes=kv + T * Hq * (D + d_v) * it,
+                          flops=2 * seqs * Hq * pairs * (D + d_v))  # fmt: skip
+
+    return cost
+
+
 @functools.partial(
     jax.jit, static_argnames=("opts", "interpret", "debug"), donate_argnames=("buf",)
 )
@@ -205,6 +236,8 @@ def _prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scales, 
     else:
         out_shape = jax.ShapeDtypeStruct((T * Hq, row_words), jnp.uint32)
     any_spec = pl.BlockSpec(memory_space=pl.ANY)
+    declare_cost("paged_prefill_attention", (max_tiles, Hkv, -(-group // block_h)), inputs,
+                 _prefill_cost(q, k_cache, v_cache, d_v, window, block_h, block_t, geo))
     out = pl.pallas_call(
         functools.partial(prefill_attention_kernel, cfg=cfg),
         grid=(max_tiles, Hkv, -(-group // block_h)),

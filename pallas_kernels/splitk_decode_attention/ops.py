@@ -76,6 +76,7 @@ from jaxarena.workspaces import (
 )
 from pallas_kernels._arena_io import ROW_BYTES, WORDS_PER_ROW, plan_windows
 from pallas_kernels._args import resolve_interpret
+from pallas_kernels._cost import KernelCost, Workload, declare_cost
 from pallas_kernels.splitk_decode_attention.checks import FP8_DTYPE as _FP8
 from pallas_kernels.splitk_decode_attention.checks import splitk_num_splits
 from pallas_kernels.splitk_decode_attention.checks import validate as _validate
@@ -232,6 +233,7 @@ def _decode(
         outs.append(lse_shape)
     if count_pages:
         outs.append(jax.ShapeDtypeStruct((B, Hkv, num_head_blocks, num_splits), jnp.int32))
+    _declare(inputs, q, k_cache, v_cache, block_tables, cfg, d_v, num_head_blocks, split)
     results = pl.pallas_call(
         functools.partial(
             splitk_attention_kernel, cfg=dataclasses.replace(cfg, dst_is_input=in_place)
@@ -267,6 +269,8 @@ def _decode(
         outs = [jax.ShapeDtypeStruct(dst.shape, jnp.uint32) if arena_form else out_words_shape]
         if return_lse:
             outs.append(lse_shape)
+        declare_cost("splitk_combine", (B, Hkv, num_head_blocks), inputs,
+                     _combine_cost(B, Hq, num_splits, d_v, itemsize))
         results = pl.pallas_call(
             functools.partial(
                 splitk_combine_kernel, cfg=dataclasses.replace(cfg, dst_is_input=two)
@@ -290,6 +294,48 @@ def _decode(
     if not arena_form:
         return _from_words(dst, (B, Hq, d_v), q.dtype), lse, buf, pages
     return win.put(buf, [dst], win.window_of(1)), lse, None, pages
+
+
+def _visible_pages(context: int, window: int | None, block_size: int, max_pages: int) -> int:
+    """Pages a sequence of `context` tokens visits: those holding its visible keys."""
+    n = min(context, max_pages * block_size)
+    t0 = max(0, n - window) if window else 0
+    return -(-n // block_size) - t0 // block_size
+
+
+def _declare(inputs, q, k_cache, v_cache, block_tables, cfg, d_v, head_blocks, split):
+    """The attention pass's declared cost (`pallas_kernels._cost`): per (sequence, KV head,
+    head block) program group it reads the visible pages of its KV head (K, and V unless V
+    is K's prefix), the query block, the block table row; it writes the partials
+    (`[o, m, l]` f32 per split) or, with one split, the output. Flops: q.k and p.v."""
+    B, Hq, D = q.shape
+    _, bs, Hkv, _ = k_cache.shape
+    max_pages = block_tables.shape[1]
+    k_page = bs * D * jnp.dtype(k_cache.dtype).itemsize  # one KV head's slice of a page
+    v_page = 0 if v_cache is None else bs * d_v * jnp.dtype(v_cache.dtype).itemsize
+    q_bytes = B * Hq * D * jnp.dtype(q.dtype).itemsize
+    out = B * Hq * cfg.num_splits * (d_v + 2) * 4 if split else \
+        B * Hq * d_v * cfg.out_itemsize  # fmt: skip
+    # The FP8 scales and the sinks (operands after seq_lens, before the aliased buffer).
+    first = 4 if v_cache is None else 5
+    small = sum(math.prod(x.shape) * jnp.dtype(x.dtype).itemsize
+                for x in inputs[first:first + 2 * cfg.fp8 + cfg.sinks])  # fmt: skip
+
+    def cost(w: Workload) -> KernelCost:
+        pages = _visible_pages(w.context, cfg.window, bs, max_pages)
+        kv = B * Hkv * head_blocks * pages * (k_page + v_page)
+        keys = min(w.context, max_pages * bs, cfg.window or w.context)
+        return KernelCost(bytes=kv + q_bytes + out + B * (pages + 1) * 4 + small,
+                          flops=2 * B * Hq * keys * (D + d_v))  # fmt: skip
+
+    declare_cost("splitk_decode_attention", (B, Hkv, head_blocks, cfg.num_splits), inputs, cost)
+
+
+def _combine_cost(B: int, Hq: int, splits: int, d_v: int, itemsize: int) -> KernelCost:
+    """The combine pass reads every split's partial row and writes the output once."""
+    cost = KernelCost(bytes=B * Hq * splits * (d_v + 2) * 4 + B * Hq * d_v * itemsize,
+                      flops=3 * B * Hq * splits * d_v)  # fmt: skip
+    return lambda w: cost
 
 
 def _prepare(q, k_cache, k_scale, v_scale, sinks):

@@ -19,6 +19,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels._args import resolve_interpret
+from pallas_kernels._cost import declare_fixed, nbytes
 from pallas_kernels.ssd_state_update.checks import validate
 from pallas_kernels.ssd_state_update.kernel import StateUpdateConfig, ssd_state_update_kernel
 
@@ -62,6 +63,10 @@ def _update(state, idx, x, dt, A, bias, B, C, D, z, *, cfg: StateUpdateConfig, i
     if cfg.has_z:
         operands.append(z)
     operands.append(state)
+    # Each sequence's state row read and written once, its inputs read, y written.
+    declare_fixed("ssd_state_update", (Bt, H, P // cfg.block_p), operands,
+                  bytes=nbytes(*operands[:-1]) + 2 * Bt * nbytes(state) // state.shape[0]
+                  + nbytes(x))  # fmt: skip
     y, state = pl.pallas_call(
         functools.partial(ssd_state_update_kernel, cfg=cfg),
         grid=(Bt, H, P // cfg.block_p),

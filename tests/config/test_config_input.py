@@ -63,7 +63,7 @@ def test_text_config_is_merged_not_dropped():
     # fix the text_config was ignored and the model had 0 layers and 0 heads.
     cfg = ModelConfig.from_hf(
         {
-            "model_type": "some_vl",
+            "model_type": "qwen3_vl",
             "hidden_size": 64,
             "vocab_size": 7,
             "text_config": {

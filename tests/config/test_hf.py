@@ -166,7 +166,8 @@ def test_standard_attention_derives_head_dim():
 
 
 def test_qwen2_without_kv_heads_is_multi_head():
-    cfg = load(dict(model_type="qwen2", hidden_size=896, num_attention_heads=14))
+    cfg = load(dict(model_type="qwen2", hidden_size=896, num_attention_heads=14,
+                    num_hidden_layers=2, vocab_size=256, intermediate_size=4864))
     assert cfg.num_key_value_heads == 14  # HF: absent num_key_value_heads means MHA
     assert cfg.head_dim == 896 // 14
 
@@ -183,6 +184,7 @@ def test_qwen2_moe_shared_expert_by_name():
             num_experts_per_tok=4,
             moe_intermediate_size=1408,
             shared_expert_intermediate_size=5632,
+            vocab_size=151936,
         )
     )
     assert (cfg.num_experts, cfg.moe_intermediate_size) == (60, 1408)
@@ -351,7 +353,9 @@ def test_nemotron_layers_block_type_spelling():
 
 
 def test_unknown_model_type_with_generic_fields():
-    cfg = load(dict(MISTRAL_7B, model_type="brand_new_arch", n_routed_experts=4))
+    # Read with the generic rule, and said so (issue 40): the family is a guess.
+    with pytest.warns(UserWarning, match=r"<dict>: model_type 'brand_new_arch' is not a family"):
+        cfg = load(dict(MISTRAL_7B, model_type="brand_new_arch", n_routed_experts=4))
     assert cfg.model_type == "brand_new_arch"
     assert cfg.head_dim == 128 and cfg.num_experts == 4
     assert cfg.moe_intermediate_size == 14336  # no expert width given: intermediate_size

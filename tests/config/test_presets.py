@@ -545,6 +545,7 @@ def test_presets_pick_up_any_json_in_the_folder(tmp_path, monkeypatch):
                 num_key_value_heads=2,
                 head_dim=16,
                 hybrid_override_pattern="M*-",
+                vocab_size=256,
                 mamba_num_heads=4,
                 mamba_head_dim=16,
                 ssm_state_size=8,

@@ -13,6 +13,7 @@ import pytest
 
 import jaxarena
 from jaxarena import MemoryBudget, ModelConfig, Target
+from jaxarena._sizing.kv_pool import sampler_temp_bytes
 from jaxarena.models.families.registry import family_for
 
 PRESETS = Path(jaxarena.__file__).parent / "presets"
@@ -45,8 +46,12 @@ def test_budget_pool_equals_the_allocation(name, memory):
     pool = budget.kv_pool()
     assert pool.source == "budget" and pool.slots == LIMITS["max_batch_size"] + 1
     assert pool.total_bytes == _cache_bytes(name, pool.pages, pool.slots)
-    # Nothing beyond the budget's free bytes, and less than one page left over.
-    assert pool.total_bytes <= budget.free_bytes < pool.total_bytes + pool.page_bytes
+    # Nothing beyond the budget's free bytes less the sampler's temp, and less than one page
+    # left over.
+    free = budget.free_bytes - sampler_temp_bytes(LIMITS["max_batch_size"],
+                                                  budget.config.vocab_size)  # fmt: skip
+    assert pool.free_bytes == free
+    assert pool.total_bytes <= free < pool.total_bytes + pool.page_bytes
     # The pool's paged bytes per token agree with the budget's KV arithmetic where no layer
     # is windowed (the budget counts windowed layers as fixed per-sequence state).
     assert pool.page_bytes == LIMITS["kv_block_size"] * budget.kv_bytes_per_token

@@ -15,18 +15,19 @@ ALPHA = 1e-6 with (bins - 1) degrees of freedom. A correct sampler fails a case 
 probability ~1e-6 (the 16 cases: ~2e-5 in all); the seeds are fixed, so a run is repeatable.
 `test_chi_square_has_power` shows the bound rejects a temperature of 0.5 drawn for 1.0.
 
-Float32 bound on the probabilities. The processed logit z = (x penalized) / T takes at most 4
-roundings (x/rep or x*rep, the two penalty subtractions, / T), each relative u = 2^-24, so
-|dz| <= 4u|z|; the sampler subtracts the row max (u) and exponentiates (XLA's f32 exp: a few
-ulp, counted 2u), so exp(z - m) is off by a relative (|z| + |m|) 4u + 3u, and the sum of V
-terms by that plus V u. A probability is then off by a relative u (8 Z + V + 8) with Z the
-largest |z|; the test checks |p - p_ref| <= p_ref u (8 Z + V + 8) (times 2: the reference's
-f64 is exact by comparison but the bound above counts each rounding once, not its
-propagation through the penalties' products).
+Float32 bound on the probabilities. The test takes the sampler's f32 processed logits z and
+does the softmax in float64, so only z's own error counts. z = (x penalized) / T takes at most
+6 roundings (x/rep or x*rep; freq*count and its subtraction; the presence subtraction; / T),
+each a relative u = 2^-24 of a value at most W = (max(rep, 1/rep)|x| + |freq| count + |pres|)
+/ T in size (times T before the division), so |dz| <= 6uW, W the row's largest. p_i is
+exp(z_i) over the sum of them: off by a relative |dz_i| + max|dz| <= 12uW. The test allows
+16uW.
 
-Logprob bound. `log_softmax` in f32: d = x - m rounds by u|d|; log(sum exp(d)) has the sum's
-relative error (V + 2) 2u (each exp a few ulp, each of V additions u) plus u log V, and the
-last subtraction u|result|: |err| <= u (|d| + |result| + 2(V + 2) + log V + 1).
+Logprob bound. The sampler computes x - lse in f32, lse = m + log(s), s = sum exp(x_i - m):
+each x_i - m rounds by u|x_i - m|, which exp turns into a relative error, each exp adds a few
+ulp and each of the V additions u, so s is off by a relative u (max|x - m| + 2(V + 2)); log
+adds u log V, m + log(s) u|lse| and the last subtraction u|result|:
+|err| <= u (max|x - m| + 2(V + 2) + log V + |lse| + |result| + 1).
 """
 
 from __future__ import annotations
@@ -56,10 +57,21 @@ ALPHA = 1e-6
 MIN_EXPECTED = 20
 U = 2.0**-24
 
-_sample = jax.jit(sample, static_argnames="num_top")
+TRACES = {"sample": 0, "reset_row": 0}  # how often each jitted function was traced
+
+
+def _counted(fn):
+    def traced(*args, **kwargs):
+        TRACES[fn.__name__] += 1
+        return fn(*args, **kwargs)
+
+    return traced
+
+
+_sample = jax.jit(_counted(sample), static_argnames="num_top")
 _processed = jax.jit(processed_logits)
 _record = jax.jit(record_tokens)
-_reset = jax.jit(reset_row)
+_reset = jax.jit(_counted(reset_row))
 
 
 # -- the reference --------------------------------------------------------------------------
@@ -281,8 +293,9 @@ def test_processed_logits_keep_exactly_the_reference_support():
         zi = z[i][got_support].astype(np.float64)
         got = np.exp(zi - zi.max())
         got /= got.sum()
-        big_z = np.abs(ref_penalized(x, prompt, counts, p) / p.temperature).max()
-        rtol = 2 * U * (8 * big_z + V + 8)
+        rep = max(p.repetition_penalty, 1 / p.repetition_penalty)
+        w = rep * np.abs(x) + abs(p.frequency_penalty) * counts + abs(p.presence_penalty)
+        rtol = 16 * U * (w / p.temperature).max()
         np.testing.assert_allclose(got, prob[got_support], rtol=rtol, atol=0, err_msg=name)
 
 
@@ -345,10 +358,11 @@ def test_greedy_is_the_argmax_of_the_penalized_logits():
 
 
 def test_a_request_does_not_depend_on_the_other_rows():
-    """Four requests (three sampled, one greedy), each with its seed and step, sit at other
-    rows among other requests in five batches (one all greedy but for them, one where the
-    greedy request is the only row that is not a default greedy one): their tokens and
-    logprobs are the same bits in every batch."""
+    """Four requests (one with top-k/top-p and a penalty, one plain temperature, one min-p
+    with a penalty, one greedy), each with its seed and step, sit at random rows among other
+    requests, in batches that take each `lax.cond` branch or skip it (all others idle greedy
+    rows, varied others, no row with top-k/top-p, no penalty either, all greedy): their tokens
+    and logprobs are the same bits in every batch, and no batch compiles `sample` again."""
     mine = [
         (
             _logits_bf16(90),
@@ -361,15 +375,18 @@ def test_a_request_does_not_depend_on_the_other_rows():
     ]
     seeds, steps = [2**62 + 3, 5, 77, 9], [3, 0, 41, 2]
     idle = (_logits_bf16(99), SamplingParams(temperature=0.0), NO_HISTORY)
+    trials = [  # (requests of `mine` in the batch, the other rows' requests)
+        ([0, 1, 2, 3], [idle] * ROWS),
+        ([0, 1, 2, 3], _random_rows(1, ROWS)),
+        ([0, 1, 2, 3], _random_rows(2, ROWS)),
+        ([1, 2, 3], [idle] * ROWS),  # no top-k/top-p: the sort is skipped
+        ([1, 3], [idle] * ROWS),  # no penalty either
+        ([3], [idle] * ROWS),  # all greedy, no penalties: logprobs and argmax only
+    ]
     rng = np.random.default_rng(0)
-    results = []
-    for trial in range(5):
-        if trial == 4:  # the greedy request alone: the all-greedy fast path
-            picked = [3]
-            others = [idle] * ROWS
-        else:
-            picked = [0, 1, 2, 3]
-            others = [idle] * ROWS if trial == 0 else _random_rows(trial, ROWS)
+    first: dict[int, tuple] = {}
+    compiled = None
+    for picked, others in trials:
         at = rng.permutation(ROWS)[: len(picked)]
         rows = list(others)
         row_seeds = list(rng.integers(0, 2**62, ROWS))
@@ -377,11 +394,12 @@ def test_a_request_does_not_depend_on_the_other_rows():
         for j, r in zip(picked, at, strict=True):
             rows[r], row_seeds[r], row_steps[r] = mine[j], seeds[j], steps[j]
         out = _small(rows, row_seeds, row_steps)
-        results.append({j: tuple(a[r] for a in out) for j, r in zip(picked, at, strict=True)})
-    for res in results[1:]:
-        for j, got in res.items():
-            for a, b in zip(got, results[0][j], strict=True):
-                np.testing.assert_array_equal(a, b)
+        compiled = compiled or TRACES["sample"]
+        assert TRACES["sample"] == compiled
+        for j, r in zip(picked, at, strict=True):
+            got = tuple(a[r] for a in out)
+            for a, b in zip(got, first.setdefault(j, got), strict=True):
+                np.testing.assert_array_equal(a, b, err_msg=f"request {j}, batch {picked}")
 
 
 def test_seed_and_step_choose_the_draw():
@@ -403,11 +421,13 @@ def test_seed_and_step_choose_the_draw():
 def check_logprobs(logits, tokens, chosen, top_ids, top_lp):
     """chosen and top-MAX_LOGPROBS logprobs against NumPy's f64 log_softmax of `logits`
     (f32 values), within the bound of the module docstring; top ids in the reference's
-    order (the logits hold no ties)."""
+    order, the lower id first on a tie."""
     x = np.asarray(logits, np.float64)
     m = x.max(-1, keepdims=True)
     ref = x - m - np.log(np.exp(x - m).sum(-1, keepdims=True))
-    bound = U * (np.abs(x - m) + np.abs(ref) + 2 * (V + 2) + np.log(V) + 1)
+    lse = m - ref[:, :1] + x[:, :1]
+    spread = np.abs(x - m).max(-1, keepdims=True)
+    bound = U * (spread + 2 * (V + 2) + np.log(V) + np.abs(lse) + np.abs(ref) + 1)
     r = np.arange(len(x))
     assert top_ids.shape == top_lp.shape == (len(x), MAX_LOGPROBS)
     np.testing.assert_array_less(np.abs(chosen - ref[r, tokens]), bound[r, tokens])
@@ -426,8 +446,13 @@ def test_logprobs_are_the_raw_log_softmax_f32(outputs):
 
 
 def test_logprobs_are_the_raw_log_softmax_bf16():
-    """bf16 logits: the log_softmax of their (exact) f32 values."""
+    """bf16 logits: the log_softmax of their (exact) f32 values; ties at the parts' seam."""
     rows = _random_rows(5, ROWS)
+    # ties across the 16th/17th places (where the two top-k parts meet) and the 20th/21st
+    x = rows[0][0].copy()
+    order = np.argsort(-x, kind="stable")
+    x[order[[16, 20]]] = x[order[[15, 19]]]
+    rows[0] = (x, *rows[0][1:])
     check_logprobs(np.stack([r[0] for r in rows]), *_small(rows, range(ROWS), [1] * ROWS))
 
 
@@ -435,6 +460,8 @@ def test_logprobs_are_the_raw_log_softmax_bf16():
 
 
 def test_record_tokens_adds_one_to_the_active_rows_cells():
+    """Active rows (four of them drawing the same id) gain one at their token; every other
+    cell, and the prompt mask, keeps its value."""
     rng = np.random.default_rng(3)
     counts = rng.integers(0, 5, (ROWS, V)).astype(np.int32)
     mask = rng.random((ROWS, V)) < 0.3
@@ -450,6 +477,8 @@ def test_record_tokens_adds_one_to_the_active_rows_cells():
 
 
 def test_reset_row_loads_one_row_with_one_executable():
+    """Three rows loaded in turn: each time exactly that row's mask and counts change, and the
+    row being a traced scalar, one trace serves all three."""
     rng = np.random.default_rng(4)
     pen = PenaltyState(jnp.asarray(rng.random((ROWS, V)) < 0.5),
                        jnp.asarray(rng.integers(0, 9, (ROWS, V)), jnp.int32))  # fmt: skip
@@ -461,12 +490,15 @@ def test_reset_row_loads_one_row_with_one_executable():
         want_mask[row], want_counts[row] = m, c
         np.testing.assert_array_equal(np.asarray(pen.prompt_mask), want_mask)
         np.testing.assert_array_equal(np.asarray(pen.output_counts), want_counts)
-    assert _reset._cache_size() == 1
+    assert TRACES["reset_row"] == 1
     empty = empty_penalty_state(3, V)
     assert not np.asarray(empty.prompt_mask).any() and not np.asarray(empty.output_counts).any()
 
 
 def test_slot_params_fills_rows_and_defaults():
+    """The entry's row holds its settings (top_k -1 as 0, the seed's key, its step); the
+    others are greedy without penalties; a row outside the batch or a negative step is
+    refused by name."""
     s = slot_params(4, {2: (SamplingParams(temperature=0.7, top_k=-1, top_p=0.5, min_p=0.1,
                                            repetition_penalty=1.1, presence_penalty=0.2,
                                            frequency_penalty=-0.3), 2**40 + 5, 9)})  # fmt: skip
@@ -486,7 +518,21 @@ def test_slot_params_fills_rows_and_defaults():
         slot_params(4, {0: (SamplingParams(), 0, -1)})
 
 
+def test_sample_refuses_mismatched_shapes_by_name():
+    """Shapes are checked before anything is traced: each message names the argument."""
+    logits, slots, pen = _batch([CASES["temperature_1"]] * 2, [0, 1], [0, 0])
+    with pytest.raises(ValueError, match="logits.shape"):
+        sample(logits[0], slots, pen)
+    with pytest.raises(ValueError, match="num_top=25"):
+        sample(logits, slots, pen, num_top=V + 1)
+    with pytest.raises(ValueError, match="slots"):
+        sample(logits[:1], slots, pen)
+    with pytest.raises(ValueError, match="pen"):
+        sample(logits, slots, empty_penalty_state(2, V + 1))
+
+
 def test_seed_key_is_the_64_bit_seed_split_in_two_words():
+    """(high word, low word) of the seed; seeds outside [0, 2**63) and non-integers refused."""
     assert seed_key(0).tolist() == [0, 0]
     assert seed_key(2**63 - 1).tolist() == [2**31 - 1, 2**32 - 1]
     assert seed_key(0x123456789).tolist() == [0x1, 0x23456789]

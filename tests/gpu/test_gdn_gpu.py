@@ -29,7 +29,7 @@ BF16, F32 = jnp.bfloat16, jnp.float32
 
 
 @functools.cache
-def _compile(T: int, target: str):
+def _compile(T: int, target: str, S: int = S):
     scratch = sum(n for _, n in gdn_fla_scratch_layout(HV, T).values())
     plan = ArenaPlan.sequential({"before": MIB, GDN_REGION: scratch, "after": MIB})
     sds = jax.ShapeDtypeStruct
@@ -62,6 +62,30 @@ def test_chunked_arena_form_compiles_without_spills_and_flat_in_T(target):
             + ", ".join(f"{k.name} {k.registers} regs" for k in kernels.values())
         )
     assert launches[0] == launches[1], launches
+
+
+def test_chunked_arena_form_in_rounds_compiles_in_place(target):
+    """257 sequences (a batch of 256 and its padding sequence) in T = 2048 tokens may need
+    (T + 63 S) // 64 = 284 chunk slots, the region holds 48: the kernels run in a while loop of
+    rounds. The same three kernels without spills, the arena aliased, and the temp under
+    1 MiB (measured 7.5 KB: the call's chunk map, int32[4, 288], and the loop's scalars; o
+    and the final states are outputs), where a copy of the 126 MB scratch or of the arena
+    would need more. Per round: the 3 kernels, 3 small fusions (the round's slice of the
+    chunk map, its slot count, the counter) and the loop's compare."""
+    T = 2048
+    plan, res = _compile(T, target, 257)
+    _, one = _compile(T, target)
+    kernels = {k.name: k for k in res.pallas_kernels}
+    assert set(kernels) == KERNELS, set(kernels)
+    for k in kernels.values():
+        assert (k.spill_store_bytes, k.spill_load_bytes, k.stack_bytes) == (0, 0, 0), k
+    assert res.alias_bytes == plan.total_bytes
+    assert res.temp_bytes < MIB, res.temp_bytes
+    print(
+        f"{target} T={T} S=257 (rounds): launches {res.launches} (thunks each once: "
+        f"{res.launches_static}), temp {res.temp_bytes} B; S={S}: launches {one.launches}, "
+        f"temp {one.temp_bytes} B"
+    )
 
 
 def test_state_update_is_one_launch_in_place_without_spills(target):

@@ -26,7 +26,7 @@ import pytest
 from _helpers.arena import random_arena
 
 from jaxarena import ArenaPlan, BufferSizes, Levers, ModelConfig, Target
-from jaxarena.workspaces import gdn_fla_scratch_layout
+from jaxarena.workspaces import gdn_fla_scratch_layout, gdn_fla_sections
 from pallas_kernels.gdn_chunked import (
     GDN_REGION,
     gdn_chunked,
@@ -235,22 +235,74 @@ def test_arena_form_does_not_copy_the_arena_in_interpret_mode():
     assert mem.temp_size_in_bytes < 8 << 20, mem.temp_size_in_bytes
 
 
-def test_arena_form_refuses_more_sequences_than_the_region_covers():
-    """17 sequences fit the 17 chunk slots of an m = 64 region; 18 need 18: a ValueError
-    naming the count, before anything runs."""
+def _arena_call(plan, cu, args, h0):
+    """`gdn_chunked_into` jitted with the arena donated, on a random arena: `(arena before,
+    arena after, o, final)`."""
+    arena0 = random_arena(plan, 5)
+    step = jax.jit(lambda a, *x: gdn_chunked_into(a, plan, *x, cu_seqlens=cu, initial_states=h0,
+                                                  use_qk_l2norm=True), donate_argnums=0)  # fmt: skip
+    arena, o, final = step(jnp.asarray(arena0), *args.values())
+    return arena0, np.asarray(arena), o, final
+
+
+def _outside_unchanged(plan, old, new):
+    r = plan.regions[GDN_REGION]
+    outside = np.ones(new.size, bool)
+    outside[r.offset_bytes : r.end_bytes] = False
+    np.testing.assert_array_equal(new.reshape(-1)[outside], old.reshape(-1)[outside])
+
+
+def test_arena_form_runs_more_sequences_than_the_region_has_slots():
+    """The seed's region for M = 64 (17 chunk slots) at the worst mix a batch of
+    max_batch_size = 40 allows in 64 tokens: 41 sequences, 40 of one token and one of 24, so
+    41 slots (each sequence padded to a chunk), three rounds of 17. Before the rounds this was
+    refused ("need up to ... 41 chunk slots"). Against the float64 recurrence within FLA's
+    rule, per sequence too; only the region changes."""
     plan, _ = _plan()
+    cu = list(range(41)) + [64]
+    args, h0 = inputs(cu, 1, 1, 128, 128, seed=6)
+    old, new, o, final = _arena_call(plan, cu, args, h0)
+    ro, rf = gdn_sequential_reference(**args, cu_seqlens=cu, initial_states=h0, use_qk_l2norm=True)
+    assert fla_error(o, ro) < CHUNK_RATIO
+    assert fla_error(final, rf) < CHUNK_RATIO
+    for s in (0, 16, 17, 33, 34, 39, 40):  # each round's first and last sequences
+        assert fla_error(final[s], rf[s]) < CHUNK_RATIO, s
+        assert fla_error(o[cu[s] : cu[s + 1]], ro[cu[s] : cu[s + 1]]) < CHUNK_RATIO, s
+    _outside_unchanged(plan, old, new)
+
+
+def test_arena_form_rounds_cut_sequences_and_skip_empty_ones():
+    """A region of 2 chunk slots and 9 sequences of 1, 0, 70, 1, 0, 130, 3, 0, 0 tokens: 8 slots
+    in 4 rounds; the 70- and 130-token sequences are cut by round boundaries and continue from
+    their f32 states, so o and the final states are `gdn_chunked`'s (one round of 8 slots) bit
+    for bit; the empty sequences keep their initial states exactly (no slot, never written);
+    within FLA's rule of the float64 recurrence; only the region changes."""
+    per_slot = sum(n for _, n in gdn_fla_sections(1, 1).values())
+    plan = ArenaPlan.sequential({"before": 4096, GDN_REGION: 2 * per_slot + 100, "after": 4096})
+    lens = [1, 0, 70, 1, 0, 130, 3, 0, 0]
+    cu = np.concatenate([[0], np.cumsum(lens)]).tolist()
+    args, h0 = inputs(cu, 1, 1, 128, 128, seed=7)
+    old, new, o, final = _arena_call(plan, cu, args, h0)
+    want_o, want_f = gdn_chunked(**args, cu_seqlens=cu, initial_states=h0, use_qk_l2norm=True)
+    np.testing.assert_array_equal(np.asarray(o), np.asarray(want_o))
+    np.testing.assert_array_equal(np.asarray(final), np.asarray(want_f))
+    for s in (1, 4, 7, 8):
+        np.testing.assert_array_equal(np.asarray(final[s]), np.asarray(h0[s]))
+    ro, rf = gdn_sequential_reference(**args, cu_seqlens=cu, initial_states=h0, use_qk_l2norm=True)
+    assert fla_error(o, ro) < CHUNK_RATIO
+    assert fla_error(final, rf) < CHUNK_RATIO
+    _outside_unchanged(plan, old, new)
+
+
+def test_arena_form_refuses_a_region_without_a_slot():
+    """A region smaller than one chunk slot: a ValueError naming the region, before tracing."""
+    per_slot = sum(n for _, n in gdn_fla_sections(1, 1).values())
+    plan = ArenaPlan.sequential({GDN_REGION: per_slot - 256})
     S = jax.ShapeDtypeStruct
-    for n_seq, ok in ((17, True), (18, False)):
-        T = n_seq
-        xs = [S((T, 1, 128), jnp.bfloat16)] * 2 + [S((T, 1, 128), jnp.bfloat16)]
-        xs += [S((T, 1), jnp.float32)] * 2
-        cu = list(range(T + 1))
-        call = lambda a, *x, cu=cu: gdn_chunked_into(a, plan, *x, cu_seqlens=cu)  # noqa: E731
-        if ok:
-            jax.eval_shape(call, S(plan.arena_shape, jnp.uint8), *xs)
-        else:
-            with pytest.raises(ValueError, match="need up to .* = 18 chunk slots"):
-                jax.eval_shape(call, S(plan.arena_shape, jnp.uint8), *xs)
+    xs = [S((4, 1, 128), jnp.bfloat16)] * 3 + [S((4, 1), jnp.float32)] * 2
+    call = lambda a, *x: gdn_chunked_into(a, plan, *x)  # noqa: E731
+    with pytest.raises(ValueError, match="holds no chunk slot"):
+        jax.eval_shape(call, S(plan.arena_shape, jnp.uint8), *xs)
 
 
 @pytest.mark.parametrize(

@@ -203,6 +203,32 @@ def test_gdn_intermediates_are_what_the_block_docstring_says(runs, name):
     np.testing.assert_allclose(gc, np.cumsum(g, 0).T, atol=1e-4)
 
 
+def test_gdn_value_width_beyond_the_attention_width_matches_transformers(runs):
+    """`qwen3_next_wide` (tools/make_gdn_fixtures.py): a GDN value width of 256 beside an
+    attention width of 128, once refused because `attn_output` (sized by the attention width)
+    would not hold the gated norm's output; that output is an XLA value under the step rule.
+    The four prompts prefilled together and two greedy decode steps against transformers,
+    bound as above (n = 28 roundings; max|z| = 6.67, atol = 0.159). The fixture's seed keeps
+    every first token's GDN q . k well away from 0 (tools/make_gdn_fixtures.py, SEED_OFFSETS)."""
+    name = "qwen3_next_wide"
+    lm = runs.lm(name)
+    c = lm.config
+    assert c.linear_num_value_heads * c.linear_value_head_dim > c.num_attention_heads * c.head_dim
+    assert lm.model.arch.kinds == ("gdn", "mlp", "attention", "mlp")
+    ref = reference(name)
+    atol = atol_of(lm, ref)
+    assert atol < 0.2
+    steps = 3  # the first from the packed prefill (its last row reads every GDN output)
+    tokens, logits = lm.generate(ref["prompts"], steps, return_logits=True)
+    tokens, want = np.asarray(tokens), ref["greedy_tokens"][:, :steps]
+    same = decided_and_same_context(np.full(want.shape, np.inf), tokens, want, 0.0)
+    assert same[:, :2].all()
+    diff = np.abs(logits - ref["greedy_logits"][:, :steps]).max(-1)
+    np.testing.assert_array_less(diff[same], atol)
+    mask = decided_and_same_context(ref["greedy_top2_gap"][:, :steps], tokens, want, 2 * atol)
+    np.testing.assert_array_equal(tokens[mask], want[mask])
+
+
 def test_real_config_shapes():
     """The bundled Qwen3.5-35B-A3B preset: a dense `qwen3_5` model_type with experts is refused
     clearly (`qwen3_5_moe` is its own family, tests/models/test_gdn_moe_models.py); the same

@@ -142,7 +142,7 @@ def test_json_schema_and_text(capsys, tmp_path):
         (["tiny-hybrid", "--target", "v100"], "invalid choice: 'v100'"),
         (["gpt-oss-20b", "--target", "cpu"], "MXFP4 expert weights"),
         (["tiny-hybrid", "--target", "cpu", "--max-batch-tokens", "0"], "max_batch_tokens=0"),
-        (["tiny-hybrid", "--target", "cpu", "--kv-block-size", "0"], "kv_block_size=0"),
+        (["tiny-hybrid", "--target", "cpu", "--kv-block-size", "0"], "--kv-block-size 0 must be a power of two"),
         (["no-such-model", "--target", "cpu"], "no preset, config.json or checkpoint"),
     ],
 )
@@ -163,3 +163,160 @@ def test_no_cuda_plugin_is_one_line(capsys, monkeypatch):
     err = capsys.readouterr().err.splitlines()
     assert err == ["jaxarena: error: --target b200 needs a compile-only GPU: the CUDA PJRT "
                        "plugin is not installed (test)"]  # fmt: skip
+
+
+# -- the step-time model (issue 39): costs from HLO text and thunks, no compile ---------------
+
+_HLO = """HloModule m
+
+%gemm_a_computation (p0: bf16[8,256], p1: bf16[256,512]) -> bf16[8,512] {
+  %p0 = bf16[8,256]{1,0} parameter(0)
+  %p1 = bf16[256,512]{1,0} parameter(1)
+  ROOT %dot.1 = bf16[8,512]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+%upd_computation (q0: bf16[100,512], q1: s32[], q2: bf16[1,512]) -> bf16[100,512] {
+  %q0 = bf16[100,512]{1,0} parameter(0)
+  %q2 = bf16[1,512]{1,0} parameter(2)
+  %q1 = s32[] parameter(1)
+  %c0 = s32[] constant(0)
+  ROOT %dus = bf16[100,512]{1,0} dynamic-update-slice(%q0, %q2, %q1, %c0)
+}
+
+%row_computation (r0: bf16[100,512], r1: s32[]) -> bf16[1,512] {
+  %r0 = bf16[100,512]{1,0} parameter(0)
+  %r1 = s32[] parameter(1)
+  %z = s32[] constant(0)
+  ROOT %ds = bf16[1,512]{1,0} dynamic-slice(%r0, %r1, %z), dynamic_slice_sizes={1,512}
+}
+
+ENTRY %main (x: bf16[8,256], w: bf16[256,512], w2: bf16[512,128], cache: bf16[100,512], i: s32[]) -> bf16[8,128] {
+  %x = bf16[8,256]{1,0} parameter(0)
+  %w = bf16[256,512]{1,0} parameter(1)
+  %w2 = bf16[512,128]{1,0} parameter(2)
+  %cache = bf16[100,512]{1,0} parameter(3)
+  %i = s32[] parameter(4)
+  %gemm_a = bf16[8,512]{1,0} fusion(%x, %w), kind=kCustom, calls=%gemm_a_computation
+  %cublas = (bf16[8,128]{1,0}, s8[4194304]{0}) custom-call(%gemm_a, %w2), custom_call_target="__cublas$gemm", backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"]}}}
+  %row = bf16[1,512]{1,0} fusion(%cache, %i), kind=kLoop, calls=%row_computation
+  %upd = bf16[100,512]{1,0} fusion(%cache, %i, %row), kind=kLoop, calls=%upd_computation
+  ROOT %gte = bf16[8,128]{1,0} get-tuple-element(%cublas), index=0
+}
+"""  # fmt: skip
+
+
+def _thunk(tid, kind, name="", **sections):
+    from jaxarena.gpu_dump import Thunk
+
+    return Thunk(tid, kind, name, sections=sections)
+
+
+def test_known_gemms_move_their_operands_and_results():
+    """A step of two GEMMs (a Triton GEMM fusion, a cuBLAS call) and a cache row read and
+    written in place: bytes are the GEMMs' operands + results (the cuBLAS workspace left
+    out), a slice's bytes for the sliced cache, the update's for the in-place write; flops
+    2 * M * N * K; modeled time max(bytes / 4.8 TB/s, flops / bf16 peak) per kernel."""
+    from jaxarena.step_cost import LAUNCH_SECONDS, gpu_spec, step_cost
+    from pallas_kernels._cost import Workload
+
+    thunks = [_thunk(1, "kCustomKernel", "gemm_a"), _thunk(2, "kGemm"),
+              _thunk(3, "kCustomKernel", "row"), _thunk(4, "kCustomKernel", "upd")]  # fmt: skip
+    names = {1: "gemm_a", 2: "cublas", 3: "row", 4: "upd"}
+    spec = gpu_spec("h200")
+    c = step_cost(_HLO, thunks, names, spec, Workload(1), graphs=False)
+    by = {k.name: k for k in c.kernels}
+    assert (by["gemm_a"].bytes, by["gemm_a"].flops) == (2 * (8 * 256 + 256 * 512 + 8 * 512),
+                                                        2 * 8 * 512 * 256)  # fmt: skip
+    assert (by["kGemm"].bytes, by["kGemm"].flops) == (2 * (8 * 512 + 512 * 128 + 8 * 128),
+                                                      2 * 8 * 128 * 512)  # fmt: skip
+    assert by["row"].bytes == 4 + 2 * 512 + 2 * 512  # index, the row read, the row written
+    assert by["upd"].bytes == 4 + 2 * 512 + 2 * 512  # index, the update read and written
+    assert c.bytes_moved == sum(k.bytes for k in by.values())
+    want = sum(max(k.bytes / 4.8e12, k.flops / spec.peaks["bf16"]) for k in by.values())
+    assert c.kernel_seconds == pytest.approx(want, rel=1e-12)
+    # Four capturable thunks: a run shorter than 5, so four launches outside a graph.
+    assert c.graph_segments == 4 and c.launch_seconds == pytest.approx(4 * LAUNCH_SECONDS)
+
+
+def test_graph_segments_and_what_split_them():
+    from jaxarena.step_cost import segments
+
+    k = [_thunk(i, "kCustomKernel", f"k{i}") for i in range(1, 10)]
+    loop = _thunk(20, "kWhile", condition=[_thunk(21, "kCustomKernel", "cond")],
+                  body=[_thunk(30 + i, "kCustomKernel", f"b{i}") for i in range(6)])  # fmt: skip
+    loop.trip_count = 3
+    seq = [*k[:5], _thunk(10, "kMemset32BitValue"), k[5], k[6], loop]
+    segs = segments(seq, {}, graphs=False)
+    # 5 kernels: one graph, ended by the memset; the memset alone; 2 kernels: a run < 5,
+    # launched one by one; the loop's condition 4 times, its 6-kernel body one graph x 3.
+    assert sum(s.times for s in segs) == 1 + 1 + 2 + 4 + 3
+    assert segs[0].thunks == 5 and segs[0].ended_by == "kMemset32BitValue"
+    assert segs[-1].times == 3 and segs[-1].where == "body of kWhile" and segs[-1].thunks == 6
+    # After XLA's thunk passes: each command buffer is one graph, whatever it holds.
+    seq = [_thunk(0, "kCommandBuffer", **{"": k[:3]}), _thunk(10, "kMemset32BitValue"),
+           _thunk(0, "kCommandBuffer", **{"": k[3:]})]  # fmt: skip
+    segs = segments(seq, {}, graphs=True)
+    assert [(s.thunks, s.ended_by) for s in segs] == [
+        (3, "kMemset32BitValue"), (1, "kMemset32BitValue not captured"), (6, "end")]
+
+
+def test_target_peaks_are_the_datasheets():
+    """The peaks read from the device specs against NVIDIA's datasheets (dense): H200 989.4
+    TFLOP/s BF16, 1,979 FP8; B200 2.25 PFLOP/s BF16, 4.5 FP8 (the spec's clock gives 1.1%
+    less); bandwidths 4.8 and 7.67 TB/s as the specs say."""
+    from jaxarena.step_cost import gpu_spec
+
+    h, b = gpu_spec("h200"), gpu_spec("b200")
+    assert (h.bandwidth, b.bandwidth) == (4.8e12, 7.67232e12)
+    assert h.peaks["bf16"] == pytest.approx(989.4e12, rel=0.002)
+    assert h.peaks["f8e4m3fn"] == pytest.approx(1979e12, rel=0.002)
+    assert b.peaks["bf16"] == pytest.approx(2.25e15, rel=0.012)
+    assert b.peaks["f8e4m3fn"] == pytest.approx(4.5e15, rel=0.012)
+
+
+def test_splitk_declares_the_pages_it_reads():
+    """The split-K kernel's declared cost, against a hand count: 2 sequences attending 40
+    tokens read 3 of their 4 pages of 16, for K and V of each of 2 KV heads (one head block:
+    the group of 2 fits one), the bf16 queries, the block table rows and lengths, and write
+    2 splits' f32 partials `[o(64), m, l]` per query head; the combine reads those and writes
+    the bf16 output. A cost off by 2x fails here."""
+    import jax.numpy as jnp
+
+    from pallas_kernels import _cost, splitk_decode_attention
+
+    B, Hq, Hkv, D, bs, pages = 2, 4, 2, 64, 16, 4
+    S = jax.ShapeDtypeStruct
+    args = (S((B, Hq, D), jnp.bfloat16), S((B * pages, bs, Hkv, D), jnp.bfloat16),
+            S((B * pages, bs, Hkv, D), jnp.bfloat16), S((B, pages), jnp.int32),
+            S((B,), jnp.int32))  # fmt: skip
+    jax.eval_shape(lambda *a: splitk_decode_attention(*a, num_splits=2, interpret=True), *args)
+    got = {k[0]: fn(_cost.Workload(40)) for k, fn in _cost._REGISTRY.items()
+           if k[1] in (B * Hkv * 2, B * Hkv) and fn is not None and k[2][:1] in (
+               (("bf16", (B, Hq, D)),), (("u32", (B * Hq * 2, D + 2)),))}  # fmt: skip
+    kv = B * Hkv * 3 * (bs * D * 2) * 2
+    partials = B * Hq * 2 * (D + 2) * 4
+    assert got["splitk_decode_attention"] == _cost.KernelCost(
+        kv + B * Hq * D * 2 + B * (3 + 1) * 4 + partials, 2 * B * Hq * 40 * (D + D))
+    assert got["splitk_combine"].bytes == partials + B * Hq * D * 2
+
+
+def test_a_key_declared_twice_in_one_compile_is_ambiguous():
+    """Two kernels of one compile with the same name, grid and operands but different costs
+    are ambiguous (counted at the larger); in a later compile the latest declaration wins
+    (the same shapes may stand for other runtime sizes, e.g. a grouped GEMM's rows)."""
+    from pallas_kernels import _cost
+
+    x = jax.ShapeDtypeStruct((3, 5), np.float32)
+    key = _cost.hlo_signature("k_test", 6, [("f32", (3, 5))])
+    small, big = _cost.KernelCost(10, 1), _cost.KernelCost(20, 2)
+    _cost.new_session()
+    _cost.declare_fixed("k_test", (2, 3), [x], bytes=10, flops=1)
+    fn, ambiguous = _cost.declared_cost(key)
+    assert (fn(_cost.Workload(1)), ambiguous) == (small, False)
+    _cost.declare_fixed("k_test", (2, 3), [x], bytes=20, flops=2)
+    fn, ambiguous = _cost.declared_cost(key)
+    assert (fn(_cost.Workload(1)), ambiguous) == (big, True)
+    _cost.new_session()
+    _cost.declare_fixed("k_test", (6,), [x], bytes=10, flops=1)
+    fn, ambiguous = _cost.declared_cost(key)
+    assert (fn(_cost.Workload(1)), ambiguous) == (small, False)

@@ -54,10 +54,9 @@ class Qwen3_5(Family):
         if nk < 1 or nv % nk:
             raise unsupported(path, f"linear_num_value_heads={nv} is not a multiple of "
                               f"linear_num_key_heads={nk}")  # fmt: skip
-        if nv * dv > config.num_attention_heads * config.head_dim:
-            raise unsupported(path, f"GDN value width {nv * dv} exceeds the attention width "
-                              f"{config.num_attention_heads * config.head_dim} that sizes "
-                              "attn_output")  # fmt: skip
+        # A value width past the attention width is fine: the gated norm's output, out_proj's
+        # input, is an XLA value (the step rule), not a view of `attn_output`; `fp8_act`
+        # is sized for it (`max_proj_k`).
 
     def arch(self, model_type: str, raw: dict[str, Any], config: ModelConfig, path: Path,
              max_seq_len: int) -> Arch:  # fmt: skip

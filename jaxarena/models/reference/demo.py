@@ -69,6 +69,8 @@ def run_demo(*, steps: int = 32, batch: int = 4, seed: int = 0, out=None) -> int
     generated = [np.asarray(tokens)]
     moved = 0
     t_first = t_rest = 0.0
+    isatty = getattr(sys.stderr, "isatty", None)
+    bar = bool(isatty and isatty())
     for step in range(steps):
         t0 = time.perf_counter()
         arena, caches, logits, tokens = decode(params, arena, caches, tokens, positions, tables,
@@ -82,8 +84,10 @@ def run_demo(*, steps: int = 32, batch: int = 4, seed: int = 0, out=None) -> int
         positions = positions + 1
         moved += arena.unsafe_buffer_pointer() != pointer
         generated.append(np.asarray(tokens))
-        print(f"\rdecode {_bar(step + 1, steps)}", end="", file=sys.stderr, flush=True)
-    print(file=sys.stderr)
+        if bar:  # a terminal only: a log file would get every redraw
+            print(f"\rdecode {_bar(step + 1, steps)}", end="", file=sys.stderr, flush=True)
+    if bar:
+        print(file=sys.stderr)
     fp = memory_footprint(decode, params, arena, caches, tokens, positions, tables, positions + 1)
     rate = batch * (steps - 1) / t_rest if steps > 1 else float("nan")
     print(f"prefill: {int(lens.sum())} tokens in {t_prefill:.2f} s (compile included)", file=out)
