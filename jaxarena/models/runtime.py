@@ -43,6 +43,7 @@ import numpy as np
 
 from jaxarena import ArenaPlan, BufferSizes, Levers, ModelConfig, Target, record_lifetimes
 from jaxarena.models.checkpoint import CheckpointError, Reader, fp8_spec, open_checkpoint
+from jaxarena.models.core.kernels import resolve_kernels
 from jaxarena.models.families.registry import SUPPORTED_FAMILIES, family_for
 from jaxarena.models.stack import ArenaLM
 from jaxarena.testing import count_traces
@@ -372,6 +373,7 @@ def load_pretrained(
     levers: Levers | None = None,
     packed: bool = False,
     interpret: bool | None = None,
+    kernels: str = "pallas",
     scan_layers: bool = False,
     prefill_chunk: int | str | None = "auto",
     compiler_options: dict[str, Any] | None = None,
@@ -389,6 +391,9 @@ def load_pretrained(
         recorded lifetimes of prefill and decode), and give none to the buffers neither step
         uses; else every buffer of the seed's sizes has its own bytes.
       interpret: Pallas interpret mode (None: on CPU).
+      kernels: `"pallas"` runs the Pallas kernels (interpreted on CPU: slow, what the model
+        tests check), `"xla"` their plain-XLA implementations (`models.core.kernels`: the
+        CPU's fast path), `"auto"` `"xla"` on a CPU backend and `"pallas"` elsewhere.
       scan_layers: run runs of identical layers under one `lax.scan` each (`ArenaLM`;
         compile time near that of one period); the weights are stacked on the host, before
         their one copy to the device.
@@ -429,7 +434,8 @@ def load_pretrained(
     model = ArenaLM(config=cfg, arch=arch, plan=plan, max_batch_tokens=max_batch_tokens,
                     max_seq_len=max_seq_len, kv_block_size=kv_block_size,
                     max_batch_size=max_batch_size, target=target, levers=levers,
-                    interpret=interpret, scan_layers=scan_layers,
+                    interpret=interpret, kernels=resolve_kernels(kernels),
+                    scan_layers=scan_layers,
                     prefill_chunk=prefill_chunk)  # fmt: skip
     if scan_layers:
         host = model.stack_params(host)

@@ -37,6 +37,7 @@ from jaxarena import ArenaPlan, Levers, ModelConfig, Target
 from jaxarena._sizing.step_temp import DEFAULT_PREFILL_CHUNK
 from jaxarena.models.blocks.base import Block, Env, StepContext
 from jaxarena.models.core.arena import BF16, F32, put, stored
+from jaxarena.models.core.kernels import check_kernels, resolve_kernels
 from jaxarena.models.core.norms import rms_norm
 from jaxarena.models.scan_layers import (
     layer_runs,
@@ -117,6 +118,9 @@ class ArenaLM:
         was sized for.
       target, levers: what sized the split-K workspace; the decode kernel uses the same policy.
       interpret: Pallas interpret mode (None: on CPU).
+      kernels: `"pallas"` (the Pallas kernels), `"xla"` (their plain-XLA implementations,
+        the CPU's fast path) or `"auto"` (`"xla"` on a CPU backend, else `"pallas"`); see
+        `jaxarena.models.core.kernels`.
       scan_layers: run each run of identical layers (`layer_runs`) as one `lax.scan`, so the
         compile time stays near that of one period; the steps then take the parameters and
         caches in the scanned layout (`stack_params`, `init_caches`;
@@ -137,10 +141,13 @@ class ArenaLM:
     target: Target
     levers: Levers
     interpret: bool | None = None
+    kernels: str = "pallas"
     scan_layers: bool = False
     prefill_chunk: int | str | None = "auto"
 
     def __post_init__(self) -> None:
+        if self.kernels != "auto":
+            check_kernels(self.kernels, "ArenaLM.kernels")
         c = self.prefill_chunk
         if not (c is None or c == "auto" or (isinstance(c, int) and not isinstance(c, bool)
                                                and c >= 1)):  # fmt: skip
@@ -150,7 +157,8 @@ class ArenaLM:
     def env(self) -> Env:
         """What every block runs against (config, plan, KV page size, decode policy)."""
         return Env(config=self.config, plan=self.plan, kv_block_size=self.kv_block_size,
-                   target=self.target, levers=self.levers, interpret=self.interpret)  # fmt: skip
+                   target=self.target, levers=self.levers, interpret=self.interpret,
+                   kernels=resolve_kernels(self.kernels))  # fmt: skip
 
     def init_caches(self, *, num_blocks: int, rows: int) -> dict[str, Any]:
         """Zeroed decode caches, one entry per block (`Block.init_cache`) under its
