@@ -3,14 +3,22 @@ share of the device memory the model uses.
 
     python benchmarks/bench_generate.py                       # the largest fixture (qwen3_fp8)
     python benchmarks/bench_generate.py --checkpoint DIR --new-tokens 32 --repeats 5
+    python benchmarks/bench_generate.py --checkpoint DIR --kernels xla   # plain-XLA kernels
 
 Loads the checkpoint with `load_pretrained` (serve limits: 64 batch tokens, 4 sequences,
 max_seq_len 64), runs `generate` on the fixture's four reference prompts (1, 5, 11 and 16
 tokens, packed into one prefill) `--repeats` times after one warm-up call that compiles, and
 prints the medians: prefill tokens/s (prompt tokens over the prefill's run time) and decode
 tokens/s (new tokens of the 4 sequences over the decode loop's run time), the compile
-seconds, and the bytes of the weights, the arena and the KV / SSM caches. On CPU the Pallas
-kernels run in interpret mode, so the figures measure the interpreter, not a GPU.
+seconds, and the bytes of the weights, the arena and the KV / SSM caches. `--kernels`
+chooses the kernel backend (`load_pretrained(kernels=)`): with `pallas` (the default) the
+Pallas kernels run in interpret mode on CPU, so the figures measure the interpreter, not a
+GPU; `xla` runs their plain-XLA implementations (the CPU's fast path); `auto` picks `xla`
+on CPU.
+
+Measured (this machine: 2 CPU cores shared with other developers' jobs, so noisy), the
+28-layer Qwen3-0.6B-width checkpoint of `tools/qwen3_cpu_bench.py`, 16 new tokens, median
+of 3: see the table in the module's `FIGURES` (printed by `--figures`).
 """
 
 from __future__ import annotations
@@ -38,12 +46,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--checkpoint", type=Path, default=FIXTURES / LARGEST)
     ap.add_argument("--new-tokens", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--kernels", choices=("pallas", "xla", "auto"), default="pallas",
+                    help="kernel backend (load_pretrained's kernels)")
+    ap.add_argument("--max-seq-len", type=int, default=64)
     args = ap.parse_args(argv)
 
     ref = np.load(FIXTURES / LARGEST / "reference.npz")
     prompts = [ref["prompt_ids"][i, :n].tolist() for i, n in enumerate(ref["prompt_lengths"])]
-    lm = load_pretrained(args.checkpoint, max_batch_tokens=64, max_seq_len=64, kv_block_size=16,
-                         max_batch_size=len(prompts))  # fmt: skip
+    lm = load_pretrained(args.checkpoint, max_batch_tokens=64, max_seq_len=args.max_seq_len,
+                         kv_block_size=16, max_batch_size=len(prompts),
+                         kernels=args.kernels)  # fmt: skip
     lm.generate(prompts, args.new_tokens)  # compiles prefill and the decode step
     stats = []
     for _ in range(args.repeats):
@@ -55,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     dev = jax.devices()[0]
     limit = (dev.memory_stats() or {}).get("bytes_limit")
 
-    print(f"{lm.model_type} ({'fp8' if lm.fp8 else 'bf16'}) from {lm.path} on {dev.platform}")
+    print(f"{lm.model_type} ({'fp8' if lm.fp8 else 'bf16'}) from {lm.path} on {dev.platform}, "
+          f"kernels {lm.model.env.kernels}")  # fmt: skip
     print(f"prompts {[len(p) for p in prompts]}, {args.new_tokens} new tokens each, "
           f"median of {args.repeats}")  # fmt: skip
     print(f"prefill: {prefill:10.1f} tokens/s")

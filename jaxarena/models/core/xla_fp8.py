@@ -3,8 +3,8 @@
 GEMM (`core.xla_moe`).
 
 Semantics of the kernels (`pallas_kernels.fp8_block_quant` module docstring): 1 x 128 groups
-per row, `amax = max|x|` in f32, `scale = max(amax, 1e-4) / 448` (an IEEE f32 division, as
-the kernel divides), `q = e4m3fn(clip(x * (1 / scale), -448, 448))`. The products are
+per row, `amax = max|x|` in f32, `scale = max(amax, 1e-4) / 448` (a correctly rounded f32 division,
+as the kernel's), `q = e4m3fn(clip(x * (1 / scale), -448, 448))`. The products are
 `sum_b xs[t, b] * ws[n // 128, b] * (xq[t, blk b] . w[n, blk b])`: here the two operands
 are dequantized (`xq * xs`, `w * ws`, per block) and multiplied in f32, the same sum with
 the scales inside each block's dot product instead of outside it (f32 rounding apart).
@@ -34,7 +34,10 @@ def fp8_block_quant_xla(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     nb = -(-k // _B)
     xb = jnp.pad(x.astype(F32), ((0, 0), (0, nb * _B - k))).reshape(t, nb, _B)
     amax = jnp.max(jnp.abs(xb), axis=-1)
-    scale = jnp.maximum(amax, F32(_FLOOR)) / F32(_E4M3_MAX)
+    # A divisor XLA sees as a constant becomes a product with its reciprocal (off by an ulp
+    # in about half the values); behind the barrier it is an array and XLA divides (IEEE).
+    div = jax.lax.optimization_barrier(jnp.full(amax.shape, _E4M3_MAX, F32))
+    scale = jnp.maximum(amax, F32(_FLOOR)) / div
     y = jnp.clip(xb * (F32(1.0) / scale)[..., None], -_E4M3_MAX, _E4M3_MAX)
     q = y.astype(jnp.float8_e4m3fn).reshape(t, nb * _B)[:, :k]
     return q, scale

@@ -1,0 +1,181 @@
+"""The models' plain-XLA kernel paths (`kernels="xla"`, `jaxarena.models.core.xla_*`) against
+the kernels' independent references (`pallas_kernels/*/reference.py`), which the XLA code
+does not share: paged decode and prefill attention (GQA, chunked prefill, sliding window,
+sinks, soft-cap, FP8 KV, MLA's latent cache, padding rows, stale NaN pages, several key
+blocks), FP8 block quantization (bit for bit) and the block-scaled product.
+
+Tolerances (`_helpers/tolerances.py`): float32 inputs, so the XLA path and the reference
+compute the same products and sums in another order (key blocks with online rescaling vs
+one softmax): the kernels' own float32 entries ("attention" for decode, "prefill") apply,
+whose derivation is that reordering. The FP8 product: see `test_fp8_block_matmul_xla`.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from _helpers.tolerances import tol
+
+from jaxarena.models.core import xla_attention as xa
+from jaxarena.models.core.xla_fp8 import fp8_block_matmul_xla, fp8_block_quant_xla
+from pallas_kernels import (
+    fp8_block_quant_reference,
+    paged_decode_attention_reference,
+    paged_prefill_attention_reference,
+)
+from pallas_kernels.grouped_gemm.reference import block_matmul_reference
+
+PAGE, MAX_PAGES, HQ, HKV, D = 8, 8, 4, 2, 16
+# Jitted (one compile each instead of one per primitive); the options are static.
+_STATIC = ("sm_scale", "window", "softcap", "v_head_dim", "key_block", "tile")
+decode_xla = jax.jit(xa.decode_attention_xla, static_argnames=_STATIC)
+prefill_xla = jax.jit(xa.prefill_attention_xla, static_argnames=_STATIC)
+decode_ref = jax.jit(paged_decode_attention_reference,
+                     static_argnames=("sm_scale", "softcap", "window_size", "v_head_dim"))
+prefill_ref = jax.jit(paged_prefill_attention_reference,
+                      static_argnames=("sm_scale", "softcap", "window_size", "v_head_dim"))
+KEY_BLOCK = 16  # two pages per loop iteration: the 40-key contexts take three
+
+
+def paged(lens, *, dv=D, seed=0, fp8=False):
+    """Caches with each sequence's `lens[s]` keys in shuffled pages, table entries past them
+    -1 and NaN in every slot no sequence owns (never read into the arithmetic)."""
+    rng = np.random.default_rng(seed)
+    s = len(lens)
+    nb = s * MAX_PAGES + 2
+    k = rng.standard_normal((nb, PAGE, HKV, D)).astype(np.float32)
+    v = rng.standard_normal((nb, PAGE, HKV, dv)).astype(np.float32)
+    table = rng.permutation(nb)[: s * MAX_PAGES].reshape(s, MAX_PAGES)
+    owned = np.zeros((nb, PAGE), bool)
+    for i, n in enumerate(lens):
+        for t in range(n):
+            owned[table[i, t // PAGE], t % PAGE] = True
+        table[i, -(-n // PAGE) :] = -1
+    if fp8:  # FP8 pages: NaN has no e4m3 form without a NaN, keep the stale values finite
+        k, v = (jnp.asarray(x, jnp.float8_e4m3fn) for x in (k, v))
+    else:
+        k[~owned], v[~owned] = np.nan, np.nan
+        k, v = jnp.asarray(k), jnp.asarray(v)
+    return k, v, jnp.asarray(table, jnp.int32), jnp.asarray(lens, jnp.int32)
+
+
+OPTS = {
+    "plain": {},
+    "window_sinks_softcap": dict(window_size=5, softcap=1.5, sinks="sinks"),
+}
+
+
+def _opts(name):
+    o = dict(OPTS[name])
+    if o.get("sinks") == "sinks":
+        o["sinks"] = jnp.asarray([0.5, -1.0, 2.0, 0.0], jnp.float32)
+    return o
+
+
+def _xla(o):
+    o = dict(o)
+    o["window"] = o.pop("window_size", None)
+    return o
+
+
+@pytest.mark.parametrize("opt", sorted(OPTS))
+def test_decode_xla_matches_reference(opt):
+    """Sequences of 0, 1, 17 and 40 keys (empty, one, mid-page, three key blocks)."""
+    k, v, table, lens = paged([0, 1, 17, 40])
+    q = jnp.asarray(np.random.default_rng(1).standard_normal((4, HQ, D)), jnp.float32)
+    o = _opts(opt)
+    got = decode_xla(q, k, v, table, lens, key_block=KEY_BLOCK, **_xla(o))
+    want = decode_ref(q, k, v, table, lens, **o)
+    assert got.shape == (4, HQ, D) and np.all(np.isfinite(np.asarray(got)))
+    np.testing.assert_allclose(got, want, **tol("attention", jnp.float32))
+    assert np.abs(np.asarray(got[3])).max() > 0.1  # not vacuously zero
+
+
+def test_decode_xla_fp8_kv_and_latent_cache():
+    """FP8 pages with per-KV-head scales; MLA's layout (values = the first 8 key columns)."""
+    k, v, table, lens = paged([3, 17, 40, 9], fp8=True)
+    q = jnp.asarray(np.random.default_rng(2).standard_normal((4, HQ, D)), jnp.float32)
+    sc = dict(k_scale=jnp.asarray([0.5, 2.0]), v_scale=0.25)
+    got = decode_xla(q, k, v, table, lens, key_block=KEY_BLOCK, **sc)
+    want = decode_ref(q, k, v, table, lens, **sc)
+    np.testing.assert_allclose(got, want, **tol("attention", jnp.float32))
+    got = decode_xla(q, k, None, table, lens, v_head_dim=8, key_block=KEY_BLOCK)
+    want = decode_ref(q, k, None, table, lens, v_head_dim=8)
+    np.testing.assert_allclose(got, want, **tol("attention", jnp.float32))
+
+
+@pytest.mark.parametrize("opt", sorted(OPTS))
+def test_prefill_xla_matches_reference(opt):
+    """Packed chunks of 1, 15, 17 and 7 queries whose sequences already hold 0, 20, 9 and 33
+    tokens (chunked prefill), 3 padding rows, tiles of 8 queries (a chunk spans several)."""
+    qlens, ctx = [1, 15, 17, 7], [0, 20, 9, 33]
+    lens = [a + b for a, b in zip(qlens, ctx, strict=True)]
+    k, v, table, sl = paged(lens, seed=3)
+    t = sum(qlens) + 3
+    q = jnp.asarray(np.random.default_rng(4).standard_normal((t, HQ, D)), jnp.float32)
+    cu = jnp.asarray(np.concatenate([[0], np.cumsum(qlens)]), jnp.int32)
+    o = _opts(opt)
+    got = prefill_xla(q, k, v, table, cu, sl, tile=8, key_block=KEY_BLOCK,
+                                   **_xla(o))  # fmt: skip
+    want = prefill_ref(q, k, v, table, cu, sl, **o)
+    assert got.shape == (t, HQ, D) and np.all(np.isfinite(np.asarray(got)))
+    np.testing.assert_allclose(got, want, **tol("prefill", jnp.float32))
+    np.testing.assert_array_equal(np.asarray(got[-3:]), 0.0)
+    assert np.abs(np.asarray(got[:-3])).min(axis=(1, 2)).max() > 0  # rows not zeroed
+
+
+def test_prefill_xla_latent_cache():
+    """MLA's latent layout in prefill (values = the first 8 of the 16 key columns)."""
+    qlens = [5, 12]
+    k, _, table, sl = paged(qlens, seed=5)
+    q = jnp.asarray(np.random.default_rng(6).standard_normal((17, HQ, D)), jnp.float32)
+    cu = jnp.asarray([0, 5, 17], jnp.int32)
+    got = prefill_xla(q, k, None, table, cu, sl, v_head_dim=8, tile=8,
+                                   key_block=KEY_BLOCK)  # fmt: skip
+    want = prefill_ref(q, k, None, table, cu, sl, v_head_dim=8)
+    np.testing.assert_allclose(got, want, **tol("prefill", jnp.float32))
+
+
+def test_fp8_block_quant_xla_is_the_reference_bit_for_bit():
+    """Rows with a zero block (the 1e-4 floor), a block past 448 x the floor, a partial last
+    block (K = 200); bf16 input as `linear` gives it."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((5, 200)).astype(np.float32) * np.array([[1e-3], [1], [30], [1], [1]])
+    x[3, :128] = 0.0
+    x = jnp.asarray(x, jnp.bfloat16)
+    q, s = fp8_block_quant_xla(x)
+    rq, rs = fp8_block_quant_reference(x)
+    np.testing.assert_array_equal(np.asarray(s), np.asarray(rs))
+    np.testing.assert_array_equal(np.asarray(q.astype(jnp.float32)),
+                                  np.asarray(rq.astype(jnp.float32)))  # fmt: skip
+
+
+def test_fp8_block_matmul_xla():
+    """Against the grouped GEMM folder's block-matmul reference (vLLM's
+    `native_w8a8_block_matmul`). Tolerance: both sum the same K = 384 f32 terms (an e4m3
+    value times an f32 scale, per block) in different orders and groupings, so they differ by
+    at most about K * 2^-24 * sum|terms| per output; the test computes sum|terms| and allows
+    twice that (the scale products themselves are rounded once more on either side)."""
+    rng = np.random.default_rng(8)
+    x = jnp.asarray(rng.standard_normal((6, 384)), jnp.bfloat16)
+    xq, xs = fp8_block_quant_reference(x)
+    wq = jnp.asarray(rng.standard_normal((200, 384)) * 100, jnp.float8_e4m3fn)
+    ws = jnp.asarray(rng.uniform(0.001, 0.01, (2, 3)), jnp.float32)
+    got = fp8_block_matmul_xla(xq, xs, {"w": wq, "scale_inv": ws})
+    want = block_matmul_reference(xq, wq, xs, ws)
+    xd = np.asarray(xq.astype(jnp.float32)) * np.repeat(np.asarray(xs), 128, 1)
+    wd = np.asarray(wq.astype(jnp.float32)) * np.repeat(np.repeat(np.asarray(ws), 128, 0),
+                                                        128, 1)[:200]  # fmt: skip
+    bound = 384 * 2.0**-24 * (np.abs(xd) @ np.abs(wd).T)
+    assert np.all(np.abs(np.asarray(got) - want) <= 2 * bound)
+    assert np.abs(want).max() > 1.0
+
+
+def test_jit_shapes_only_trace():
+    """The XLA attention traces under `jit` with abstract lengths (what the steps do)."""
+    k, v, table, lens = paged([3, 9])
+    q = jnp.zeros((2, HQ, D), jnp.float32)
+    out = jax.jit(xa.decode_attention_xla)(q, k, v, table, lens)
+    assert out.shape == (2, HQ, D)
