@@ -21,9 +21,9 @@ import numpy as np
 from jaxarena import ModelConfig, workspaces
 from jaxarena.models.blocks.base import Block, Env, StepContext, dense_init
 from jaxarena.models.core.arena import BF16, F32, get, linear, stored
+from jaxarena.models.core.kernels import paged_prefill_attention, splitk_decode_attention_into
 from jaxarena.models.core.norms import inv_rms, rms_norm
 from jaxarena.models.core.rope import rope, rope_table
-from jaxarena.models.core.kernels import paged_prefill_attention, splitk_decode_attention_into
 
 __all__ = ["Attention"]
 

@@ -99,16 +99,16 @@ class MLP(StatelessBlock):
             # so where XLA's GPU dot merger joins the two GEMMs its output is bf16, not a
             # float32 buffer twice the size (48 MiB at 2048 rows of Qwen3-0.6B).
             arena, (g, u) = linear(plan, arena, x, (t, h), (p["w_gate"], p["w_up"]),
-                                   act_regions, quant=quant, interpret=it, split=True,
+                                   act_regions, quant=quant, interpret=it, kernels=env.kernels, split=True,
                                    stored_out=True)  # fmt: skip
             act = stored(_GATES[self.act](stored(g)) * stored(u))
         else:
             arena, up = linear(plan, arena, x, (t, h), p["w_up"], act_regions, quant=quant,
-                               interpret=it)  # fmt: skip
+                               interpret=it, kernels=env.kernels)  # fmt: skip
             act = stored(jnp.square(jax.nn.relu(up)))
         # The seed's floor(K / 128) k-major scales cannot hold ceil(K / 128) columns when the
         # intermediate size is not a multiple of 128: that projection reads its bf16 input.
         regions = ffn_down_regions(plan, t, inter)
         arena, down = linear(plan, arena, act, (t, inter), p["w_down"], regions, quant=quant,
-                             interpret=it, stored_out=True)  # fmt: skip
+                             interpret=it, kernels=env.kernels, stored_out=True)  # fmt: skip
         return arena, stored(down)

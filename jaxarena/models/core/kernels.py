@@ -21,14 +21,22 @@ import jax
 
 import pallas_kernels as pk
 from jaxarena.models.core import xla_attention as xa
+from jaxarena.models.core import xla_gdn, xla_moe, xla_ssd
+from pallas_kernels.grouped_gemm import grouped_gemm_fp8_into as _gg_fp8_into
 
 __all__ = [
     "KERNELS",
     "check_kernels",
+    "gdn_chunked_into",
+    "gdn_state_update",
+    "grouped_gemm",
+    "grouped_gemm_fp8_into",
     "paged_prefill_attention",
     "paged_prefill_attention_into",
     "resolve_kernels",
     "splitk_decode_attention_into",
+    "ssd_chunked_scan_into",
+    "ssd_state_update",
 ]
 
 KERNELS: tuple[str, ...] = ("pallas", "xla")
@@ -100,3 +108,73 @@ def paged_prefill_attention_into(arena: jax.Array, plan: Any, q: jax.Array, k_ca
     out = xa.prefill_attention_xla(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens,
                                    **_attn_opts(kw))  # fmt: skip
     return plan.write(arena, region, out.reshape(out.shape[0], -1))
+
+
+def grouped_gemm(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *,
+                 kernels: str = "pallas", **kw: Any) -> jax.Array:  # fmt: skip
+    """`pallas_kernels.grouped_gemm.grouped_gemm` (the MoE experts), or with `kernels="xla"`
+    `xla_moe.grouped_gemm_xla`."""
+    if check_kernels(kernels) == "pallas":
+        return pk.grouped_gemm(lhs, rhs, group_sizes, **kw)
+    kw.pop("interpret", None)
+    kw.pop("block_m", None)
+    return xla_moe.grouped_gemm_xla(lhs, rhs, group_sizes, **kw)
+
+
+def grouped_gemm_fp8_into(arena: jax.Array, plan: Any, x: jax.Array, w: jax.Array,
+                          scale_inv: jax.Array, group_sizes: jax.Array, *,
+                          kernels: str = "pallas", **kw: Any) -> tuple[jax.Array, jax.Array]:  # fmt: skip
+    """`pallas_kernels.grouped_gemm.grouped_gemm_fp8_into`, or with `kernels="xla"`
+    `xla_moe.grouped_gemm_fp8_xla`. The XLA path writes nothing in `moe_fp8_scratch`: the
+    slab is the kernel's own input (quantized rows, work list, counter), read by no block."""
+    if check_kernels(kernels) == "pallas":
+        return _gg_fp8_into(arena, plan, x, w, scale_inv, group_sizes, **kw)
+    for name in ("interpret", "layout", "region"):
+        kw.pop(name, None)
+    return arena, xla_moe.grouped_gemm_fp8_xla(x, w, scale_inv, group_sizes, **kw)
+
+
+def ssd_chunked_scan_into(arena: jax.Array, plan: Any, x: jax.Array, dt: jax.Array,
+                          A: jax.Array, B: jax.Array, C: jax.Array, *, kernels: str = "pallas",
+                          **kw: Any) -> tuple[jax.Array, jax.Array, jax.Array]:  # fmt: skip
+    """`pallas_kernels.ssd_chunked_scan_into` (Mamba-2 prefill), or with `kernels="xla"`
+    `xla_ssd.ssd_scan_xla`: the same `(arena, y, final_states)`, `ssd_scratch` unwritten (the
+    kernel's own intermediates, read by no block)."""
+    if check_kernels(kernels) == "pallas":
+        return pk.ssd_chunked_scan_into(arena, plan, x, dt, A, B, C, **kw)
+    kw.pop("interpret", None)
+    return (arena, *xla_ssd.ssd_scan_xla(x, dt, A, B, C, **kw))
+
+
+def ssd_state_update(state: jax.Array, x: jax.Array, dt: jax.Array, A: jax.Array,
+                     B: jax.Array, C: jax.Array, *, kernels: str = "pallas",
+                     **kw: Any) -> tuple[jax.Array, jax.Array]:  # fmt: skip
+    """`pallas_kernels.ssd_state_update` (Mamba-2 decode; rows `0..B-1` of the state cache),
+    or with `kernels="xla"` `xla_ssd.ssd_state_update_xla`."""
+    if check_kernels(kernels) == "pallas":
+        return pk.ssd_state_update(state, x, dt, A, B, C, **kw)
+    kw.pop("interpret", None)
+    return xla_ssd.ssd_state_update_xla(state, x, dt, A, B, C, **kw)
+
+
+def gdn_chunked_into(arena: jax.Array, plan: Any, q: jax.Array, k: jax.Array, v: jax.Array,
+                     g: jax.Array, beta: jax.Array, *, kernels: str = "pallas",
+                     **kw: Any) -> tuple[jax.Array, jax.Array, jax.Array]:  # fmt: skip
+    """`pallas_kernels.gdn_chunked_into` (Gated DeltaNet prefill), or with `kernels="xla"`
+    `xla_gdn.gdn_scan_xla`: the same `(arena, o, final_states)`, `gdn_fla_scratch` unwritten
+    (the kernel's chunk intermediates, read by no block)."""
+    if check_kernels(kernels) == "pallas":
+        return pk.gdn_chunked_into(arena, plan, q, k, v, g, beta, **kw)
+    kw.pop("interpret", None)
+    return (arena, *xla_gdn.gdn_scan_xla(q, k, v, g, beta, **kw))
+
+
+def gdn_state_update(state: jax.Array, q: jax.Array, k: jax.Array, v: jax.Array,
+                     g: jax.Array, beta: jax.Array, *, kernels: str = "pallas",
+                     **kw: Any) -> tuple[jax.Array, jax.Array]:  # fmt: skip
+    """`pallas_kernels.gdn_state_update` (Gated DeltaNet decode), or with `kernels="xla"`
+    `xla_gdn.gdn_state_update_xla`."""
+    if check_kernels(kernels) == "pallas":
+        return pk.gdn_state_update(state, q, k, v, g, beta, **kw)
+    kw.pop("interpret", None)
+    return xla_gdn.gdn_state_update_xla(state, q, k, v, g, beta, **kw)
