@@ -2,14 +2,15 @@
 plain-XLA implementation, `jaxarena.models.core.kernels`) against transformers' outputs,
 within the bounds the Pallas runs are held to: qwen3 (dense), mistral_window (sliding
 window), qwen3_moe (the grouped GEMM), nemotron_h (hybrid: Mamba-2, attention, relu^2 MLP),
-qwen3_fp8 (block-FP8 linears).
+qwen3_next (hybrid: Gated DeltaNet, gated attention), qwen3_fp8 (block-FP8 linears).
 
 Each test loads the fixture with `pallas_call` replaced by a function that fails, so the run
 provably calls no Pallas kernel, then generates 3 tokens for the four reference prompts (one
 packed prefill: step 0's logits; two decode steps). The bounds and masks are the existing
 tests' own (imported, not restated): test_pretrained.py (`bf16_atol`, qwen3 and
 nemotron_h; `fp8_sigma` for qwen3_fp8), test_dense_variants.py (`atol`, the worst-case form), test_moe_models.py
-(`bf16_atol` with the routing term and its router near-tie masks). Logits are compared where
+(`bf16_atol` with the routing term and its router near-tie masks), test_gdn_pretrained.py
+(`atol_of`). Logits are compared where
 the sequence's earlier tokens agree with transformers' (after a near-tie flip the contexts
 differ); tokens where transformers' top-2 gap exceeds twice the bound.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import test_dense_variants as dense
+import test_gdn_pretrained as gdn
 import test_moe_models as moe
 import test_pretrained as pretrained
 from jax.experimental import pallas as pl
@@ -32,6 +34,7 @@ BOUNDS = {
     "mistral_window": dense.atol,
     "qwen3_moe": moe.bf16_atol,
     "nemotron_h": pretrained.bf16_atol,
+    "qwen3_next": gdn.atol_of,  # hybrid: Gated DeltaNet and gated attention
     # FP8 linears (the XLA quantizer and block-scaled product): test_pretrained's e4m3 bound.
     "qwen3_fp8": lambda lm, ref: 4 * pretrained.fp8_sigma(lm, ref) + pretrained.bf16_atol(lm, ref),
 }
