@@ -10,15 +10,13 @@ max_seq_len 64), runs `generate` on the fixture's four reference prompts (1, 5, 
 tokens, packed into one prefill) `--repeats` times after one warm-up call that compiles, and
 prints the medians: prefill tokens/s (prompt tokens over the prefill's run time) and decode
 tokens/s (new tokens of the 4 sequences over the decode loop's run time), the compile
-seconds, and the bytes of the weights, the arena and the KV / SSM caches. `--kernels`
-chooses the kernel backend (`load_pretrained(kernels=)`): with `pallas` (the default) the
-Pallas kernels run in interpret mode on CPU, so the figures measure the interpreter, not a
-GPU; `xla` runs their plain-XLA implementations (the CPU's fast path); `auto` picks `xla`
-on CPU.
-
-Measured (this machine: 2 CPU cores shared with other developers' jobs, so noisy), the
-28-layer Qwen3-0.6B-width checkpoint of `tools/qwen3_cpu_bench.py`, 16 new tokens, median
-of 3: see the table in the module's `FIGURES` (printed by `--figures`).
+seconds, the CPU-seconds of one `generate` call (prefill and decode, all threads: on a
+shared machine a steadier figure than wall time), and the bytes of the weights, the arena
+and the KV / SSM caches. `--kernels` chooses the kernel backend (`load_pretrained(kernels=)`):
+with `pallas` (the default) the Pallas kernels run in interpret mode on CPU, so the figures
+measure the interpreter, not a GPU; `xla` runs their plain-XLA implementations (the CPU's
+fast path); `auto` picks `xla` on CPU. `tools/qwen3_cpu_bench.py` makes issue #37's 28-layer
+Qwen3-0.6B-width checkpoint and times transformers on it the same way.
 """
 
 from __future__ import annotations
@@ -26,6 +24,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import jax
@@ -57,9 +56,11 @@ def main(argv: list[str] | None = None) -> int:
                          kv_block_size=16, max_batch_size=len(prompts),
                          kernels=args.kernels)  # fmt: skip
     lm.generate(prompts, args.new_tokens)  # compiles prefill and the decode step
-    stats = []
+    stats, cpu = [], []
     for _ in range(args.repeats):
+        t0 = time.process_time()
         lm.generate(prompts, args.new_tokens)
+        cpu.append(time.process_time() - t0)
         stats.append(lm.last_stats)
     prefill = statistics.median(s["prefill_tokens"] / s["prefill_seconds"] for s in stats)
     decode = statistics.median(s["decode_tokens"] / s["decode_seconds"] for s in stats)
@@ -73,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
           f"median of {args.repeats}")  # fmt: skip
     print(f"prefill: {prefill:10.1f} tokens/s")
     print(f"decode:  {decode:10.1f} tokens/s (batch {len(prompts)})")
+    print(f"cpu:     {statistics.median(cpu):10.2f} CPU-seconds per generate call (all threads)")
     print("compile: " + ", ".join(f"{k} {v:.2f} s" for k, v in lm.compile_seconds.items()))
     print(f"weights {format_bytes(lm.weight_bytes)}, arena {format_bytes(lm.arena_bytes)}, "
           f"caches {format_bytes(lm.cache_bytes)}: the arena is "

@@ -12,7 +12,8 @@ weights (transformers' initialisation, seed 0) as bf16 safetensors (1.2 GB; not 
 `qwen3_fp8` fixture's four prompts (1, 5, 11 and 16 tokens) as one left-padded batch, greedy,
 `--new-tokens` each, median of `--repeats` after a warm-up. Prefill tokens/s: the real prompt
 tokens over one forward of the padded batch; decode tokens/s: the 4 sequences' new tokens
-after the first over `generate(new_tokens) - generate(1)`.
+after the first over `generate(new_tokens) - generate(1)`; CPU-seconds of one
+`generate(new_tokens)` call (all threads), as bench_generate.py reports them.
 """
 
 from __future__ import annotations
@@ -59,17 +60,20 @@ def bench(path: Path, new_tokens: int, repeats: int) -> None:
 
     with torch.inference_mode():
         model.generate(ids, max_new_tokens=new_tokens, **kw)  # warm-up
-        pre, dec = [], []
+        pre, dec, cpu = [], [], []
         for _ in range(repeats):
             t_fwd = timed(lambda: model(ids, attention_mask=mask))
             t_one = timed(lambda: model.generate(ids, max_new_tokens=1, **kw))
+            c0 = time.process_time()
             t_all = timed(lambda: model.generate(ids, max_new_tokens=new_tokens, **kw))
+            cpu.append(time.process_time() - c0)
             pre.append(sum(len(p) for p in prompts) / t_fwd)
             dec.append(len(prompts) * (new_tokens - 1) / (t_all - t_one))
     print(f"transformers {torch.__version__} bf16 on {torch.get_num_threads()} threads, prompts "
           f"{[len(p) for p in prompts]}, {new_tokens} new tokens, median of {repeats}")  # fmt: skip
     print(f"prefill: {statistics.median(pre):10.1f} tokens/s")
     print(f"decode:  {statistics.median(dec):10.1f} tokens/s (batch {len(prompts)})")
+    print(f"cpu:     {statistics.median(cpu):10.2f} CPU-seconds per generate call (all threads)")
 
 
 def main(argv: list[str] | None = None) -> int:

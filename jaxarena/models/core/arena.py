@@ -159,6 +159,14 @@ def _bf16_product(x: jax.Array, w: jax.Array) -> jax.Array:
     return jnp.dot(x.astype(BF16), w, preferred_element_type=BF16).astype(F32)
 
 
+def _bf16_dot(x: jax.Array, w: jax.Array) -> jax.Array:
+    """`x @ w` for bf16 values `x` and a bf16 `w` as a bf16 GEMM with float32 accumulation
+    and output: the products `x @ w.astype(F32)` sums (exact bf16 x bf16 products, f32 sums),
+    without the float32 copy of the weight that form makes each step (on CPU the copy is most
+    of the cost: 14.4 vs 8.4 CPU-ms for `[4, 1024] @ [1024, 6144]`, measured)."""
+    return jnp.dot(x.astype(BF16), w, preferred_element_type=F32)
+
+
 def linear(plan: ArenaPlan, arena: jax.Array, src: Any, shape: tuple[int, int], w: Any,
            regions: tuple[str, ...] | None, *, quant: bool = False,
            interpret: bool | None = None, split: bool = False,
@@ -181,7 +189,9 @@ def linear(plan: ArenaPlan, arena: jax.Array, src: Any, shape: tuple[int, int], 
 
     `kernels="xla"` (`models.core.kernels`): the FP8 quantization and products in plain XLA
     (`core.xla_fp8`); the quantized input stays an XLA value and the FP8 regions are not
-    written (only this product reads them).
+    written (only this product reads them). A bf16 weight's product is a bf16 GEMM with a
+    float32 output (`x` holds bf16 values, as above: the same products and f32 sums, no
+    float32 copy of the weight).
     """
     t, k = shape
     parts = _parts(w)
@@ -207,6 +217,7 @@ def linear(plan: ArenaPlan, arena: jax.Array, src: Any, shape: tuple[int, int], 
     else:
         x = src if not isinstance(src, str) else get(plan, arena, src, shape)
         outs = [_bf16_product(x, p) if stored_out and not is_fp8(p) and p.dtype == BF16 else
+                _bf16_dot(x, p) if kernels == "xla" and not is_fp8(p) and p.dtype == BF16 else
                 x @ (dequant_weight(p) if is_fp8(p) else p.astype(F32)) for p in parts]  # fmt: skip
     out = tuple(outs) if split else outs[0] if len(outs) == 1 else jnp.concatenate(outs, -1)
     if isinstance(src, str) or fp8_in and kernels != "xla":
