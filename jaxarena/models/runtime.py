@@ -410,8 +410,10 @@ def load_pretrained(
         a shape the config does not imply; an unexpected dtype. The message names the tensor
         and file.
       ConfigError: an invalid `config.json` (from `ModelConfig.from_hf`) or serve limits.
+      ValueError: `kernels` not one of `"pallas"`, `"xla"`, `"auto"` (before anything is read).
       NotImplementedError: a family or feature this implementation does not run.
     """
+    kernels = resolve_kernels(kernels)  # a bad value fails before the checkpoint is read
     ckpt = open_checkpoint(path)
     root = ckpt.path
     raw = ckpt.config
@@ -434,7 +436,7 @@ def load_pretrained(
     model = ArenaLM(config=cfg, arch=arch, plan=plan, max_batch_tokens=max_batch_tokens,
                     max_seq_len=max_seq_len, kv_block_size=kv_block_size,
                     max_batch_size=max_batch_size, target=target, levers=levers,
-                    interpret=interpret, kernels=resolve_kernels(kernels),
+                    interpret=interpret, kernels=kernels,
                     scan_layers=scan_layers,
                     prefill_chunk=prefill_chunk)  # fmt: skip
     if scan_layers:

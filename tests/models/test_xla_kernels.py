@@ -299,3 +299,19 @@ def test_gdn_scan_and_step_xla_match_the_sequential_reference():
     np.testing.assert_allclose(o1, ro1, atol=1e-5, rtol=1e-5)
     np.testing.assert_allclose(s1[:2], rs1, atol=1e-5, rtol=1e-5)
     np.testing.assert_array_equal(np.asarray(s1[2]), rf[2].astype(np.float32))
+
+
+def test_kernel_backend_choice_is_checked_and_auto_resolves():
+    """`kernels` names the field in its error; `"auto"` is `"xla"` on this CPU backend;
+    `load_pretrained` refuses a bad value before it reads the checkpoint."""
+    from jaxarena.models import load_pretrained
+    from jaxarena.models.core.kernels import check_kernels, resolve_kernels
+
+    assert jax.default_backend() == "cpu"
+    assert resolve_kernels("auto") == "xla"
+    assert resolve_kernels("pallas") == "pallas"
+    with pytest.raises(ValueError, match="Env.kernels='triton'"):
+        check_kernels("triton", "Env.kernels")
+    with pytest.raises(ValueError, match="kernels='cuda' must be one of"):
+        load_pretrained("/nonexistent", max_batch_tokens=8, max_seq_len=8, max_batch_size=1,
+                        kernels="cuda")  # fmt: skip

@@ -55,7 +55,9 @@ def resolve_kernels(kernels: Any) -> str:
     values are checked and returned."""
     if kernels == "auto":
         return "xla" if jax.default_backend() == "cpu" else "pallas"
-    return check_kernels(kernels)
+    if kernels not in KERNELS:
+        raise ValueError(f"kernels={kernels!r} must be one of {(*KERNELS, 'auto')}")
+    return kernels
 
 
 def _attn_opts(kw: dict[str, Any]) -> dict[str, Any]:
