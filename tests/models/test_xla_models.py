@@ -12,7 +12,8 @@ nemotron_h; `fp8_sigma` for qwen3_fp8), test_dense_variants.py (`atol`, the wors
 (`bf16_atol` with the routing term and its router near-tie masks), test_gdn_pretrained.py
 (`atol_of`). Logits are compared where
 the sequence's earlier tokens agree with transformers' (after a near-tie flip the contexts
-differ); tokens where transformers' top-2 gap exceeds twice the bound.
+differ); tokens where transformers' top-2 gap exceeds twice the bound. Then
+`lm_runs.check_decode_in_place`: the decode step stays one in-place executable.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import test_gdn_pretrained as gdn
 import test_moe_models as moe
 import test_pretrained as pretrained
 from jax.experimental import pallas as pl
-from lm_runs import CHECKPOINTS, FAST_CPU_COMPILE, LIMITS, reference
+from lm_runs import CHECKPOINTS, FAST_CPU_COMPILE, LIMITS, check_decode_in_place, reference
 
 from jaxarena.models import load_pretrained
 
@@ -68,3 +69,6 @@ def test_xla_kernels_match_transformers(name, monkeypatch):
     np.testing.assert_allclose(logits[mask], want_logits[mask], atol=atol, rtol=0)
     strict = mask & (ref["greedy_top2_gap"][:, :NEW] > 2 * atol)
     np.testing.assert_array_equal(tokens[strict], want[strict])
+    # The XLA paths keep the step in place: one traced decode step, the arena at its buffer,
+    # guards intact, arena and caches aliased (no "donated buffers were not usable").
+    check_decode_in_place(lm, name)
