@@ -45,6 +45,7 @@ from jaxarena import ArenaPlan, BufferSizes, Levers, ModelConfig, Target, record
 from jaxarena.models.blocks.attention import KV_DTYPES, Attention
 from jaxarena.models.blocks.mla import MLA
 from jaxarena.models.checkpoint import CheckpointError, Reader, fp8_spec, open_checkpoint
+from jaxarena.models.core.kernels import resolve_kernels
 from jaxarena.models.families.registry import SUPPORTED_FAMILIES, family_for
 from jaxarena.models.lora import LoraLayout, lora_layout, lora_tables, read_adapter, set_slot
 from jaxarena.models.stack import ArenaLM
@@ -424,6 +425,7 @@ def load_pretrained(
     levers: Levers | None = None,
     packed: bool = False,
     interpret: bool | None = None,
+    kernels: str = "pallas",
     scan_layers: bool = False,
     prefill_chunk: int | str | None = "auto",
     compiler_options: dict[str, Any] | None = None,
@@ -445,6 +447,9 @@ def load_pretrained(
         recorded lifetimes of prefill and decode), and give none to the buffers neither step
         uses; else every buffer of the seed's sizes has its own bytes.
       interpret: Pallas interpret mode (None: on CPU).
+      kernels: `"pallas"` runs the Pallas kernels (interpreted on CPU: slow, what the model
+        tests check), `"xla"` their plain-XLA implementations (`models.core.kernels`: the
+        CPU's fast path), `"auto"` `"xla"` on a CPU backend and `"pallas"` elsewhere.
       scan_layers: run runs of identical layers under one `lax.scan` each (`ArenaLM`;
         compile time near that of one period); the weights are stacked on the host, before
         their one copy to the device.
@@ -473,10 +478,12 @@ def load_pretrained(
         a shape the config does not imply; an unexpected dtype. The message names the tensor
         and file.
       ConfigError: an invalid `config.json` (from `ModelConfig.from_hf`) or serve limits.
-      ValueError: a `kv_dtype` other than "bf16" and "fp8".
+      ValueError: a `kv_dtype` other than "bf16" and "fp8"; `kernels` not one of `"pallas"`,
+        `"xla"`, `"auto"` (both before anything is read).
       NotImplementedError: a family or feature this implementation does not run (an FP8
         KV cache for a model with MLA blocks).
     """
+    kernels = resolve_kernels(kernels)  # a bad value fails before the checkpoint is read
     if kv_dtype not in KV_DTYPES:
         raise ValueError(f"kv_dtype={kv_dtype!r} must be one of {sorted(KV_DTYPES)}")
     ckpt = open_checkpoint(path)
@@ -511,7 +518,8 @@ def load_pretrained(
     model = ArenaLM(config=cfg, arch=arch, plan=plan, max_batch_tokens=max_batch_tokens,
                     max_seq_len=max_seq_len, kv_block_size=kv_block_size,
                     max_batch_size=max_batch_size, target=target, levers=levers,
-                    interpret=interpret, scan_layers=scan_layers,
+                    interpret=interpret, kernels=kernels,
+                    scan_layers=scan_layers,
                     prefill_chunk=prefill_chunk)  # fmt: skip
     if scan_layers:
         host = model.stack_params(host)

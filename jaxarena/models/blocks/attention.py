@@ -29,10 +29,10 @@ import numpy as np
 from jaxarena import ModelConfig, workspaces
 from jaxarena.models.blocks.base import Block, Env, StepContext, dense_init
 from jaxarena.models.core.arena import BF16, F32, get, linear, stored
+from jaxarena.models.core.kernels import paged_prefill_attention, splitk_decode_attention_into
 from jaxarena.models.core.lora import lora_add, lora_tables
 from jaxarena.models.core.norms import inv_rms, rms_norm
 from jaxarena.models.core.rope import rope, rope_table
-from pallas_kernels import paged_prefill_attention, splitk_decode_attention_into
 
 __all__ = ["Attention", "KV_DTYPES", "E4M3_MAX"]
 
@@ -185,7 +185,8 @@ class Attention(Block):
         c, t = env.config, ctx.num_tokens
         hq, hkv, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         arena, qkv = linear(env.plan, arena, ctx.x, (t, c.hidden_size), p["wqkv"],
-                            workspaces.FP8_ACT_REGIONS, interpret=env.interpret)  # fmt: skip
+                            workspaces.FP8_ACT_REGIONS, interpret=env.interpret,
+                            kernels=env.kernels)  # fmt: skip
         if self.qkv_bias:
             qkv = qkv + p["bqkv"].astype(F32)
         qkv = stored(qkv)  # as `qkv_output` would hold it; a GEMM output stays an XLA value
@@ -272,7 +273,8 @@ class Attention(Block):
             x = get(env.plan, arena, "attn_output", (t, hq_d)) if o is None else src
             src = stored(x * jax.nn.sigmoid(gate))
         arena, out = linear(env.plan, arena, src, (t, hq_d), p["wo"],
-                            workspaces.FP8_ACT_REGIONS, interpret=env.interpret)  # fmt: skip
+                            workspaces.FP8_ACT_REGIONS, interpret=env.interpret,
+                            kernels=env.kernels)  # fmt: skip
         if self.o_bias:
             out = out + p["bo"].astype(F32)
         tabs = lora_tables(p, lora_slots)
@@ -301,6 +303,7 @@ class Attention(Block):
             interpret=env.interpret, sm_scale=self.scale, window_size=self.window,
             softcap=self.softcap, sinks=params["sinks"].astype(F32) if self.sinks else None,
             **self._kv_scales(params),
+            kernels=env.kernels,
         )  # fmt: skip
         arena, out = self._out(env, params, arena, ctx.num_tokens, gate, o, ctx.lora_slots)
         return arena, cache, out
@@ -313,7 +316,7 @@ class Attention(Block):
             arena, env.plan, q.astype(BF16), cache["k"], cache["v"], ctx.block_tables,
             ctx.seq_lens, levers=env.levers, target=env.target, interpret=env.interpret,
             sm_scale=self.scale, window_size=self.window, softcap=self.softcap,
-            sinks=params["sinks"].astype(F32) if self.sinks else None,
+            sinks=params["sinks"].astype(F32) if self.sinks else None, kernels=env.kernels,
             **self._kv_scales(params),
         )  # fmt: skip
         arena, out = self._out(env, params, arena, ctx.num_tokens, gate,

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxarena import ArenaPlan, Levers, ModelConfig, Target
+from jaxarena.models.core.kernels import check_kernels
 
 __all__ = ["SCAN_INDEX", "Block", "Env", "StatelessBlock", "StepContext", "dense_init"]
 
@@ -38,6 +39,8 @@ class Env:
       kv_block_size: tokens per page of the paged KV cache.
       target, levers: the split-K decode policy (the plan's workspace was sized with them).
       interpret: Pallas interpret mode (None: on CPU).
+      kernels: the kernel backend (`core.kernels`): `"pallas"` runs the Pallas kernels
+        (interpreted on CPU), `"xla"` their plain-XLA implementations (the CPU's fast path).
     """
 
     config: ModelConfig
@@ -46,6 +49,10 @@ class Env:
     target: Target
     levers: Levers
     interpret: bool | None = None
+    kernels: str = "pallas"
+
+    def __post_init__(self) -> None:
+        check_kernels(self.kernels, "Env.kernels")
 
 
 class StepContext(NamedTuple):

@@ -36,8 +36,8 @@ from jaxarena.models.blocks.base import Block, Env, StepContext, dense_init
 from jaxarena.models.blocks.causal_conv import cached_or_zeros, prefill_conv
 from jaxarena.models.checkpoint import FLOAT_DTYPES
 from jaxarena.models.core.arena import F32, linear, stored
+from jaxarena.models.core.kernels import gdn_chunked_into, gdn_state_update
 from jaxarena.models.core.norms import rms_norm
-from pallas_kernels import gdn_chunked_into, gdn_state_update
 
 __all__ = ["GatedDeltaNet"]
 
@@ -146,7 +146,7 @@ class GatedDeltaNet(Block):
         c, plan, it = env.config, env.plan, env.interpret
         regions = workspaces.FP8_ACT_REGIONS
         h = c.hidden_size
-        kw = dict(interpret=it, stored_out=True)
+        kw = dict(interpret=it, kernels=env.kernels, stored_out=True)
         arena, qkvz = linear(plan, arena, x, (t, h), p["w_qkvz"], regions, **kw)
         arena, ba = linear(plan, arena, x, (t, h), p["w_ba"], regions, **kw)
         qkvz, ba = stored(qkvz), stored(ba)
@@ -183,7 +183,7 @@ class GatedDeltaNet(Block):
         y = rms_norm(o.reshape(t, nv, dv), p["gate_norm"].astype(F32), self.rms_eps)
         y = stored((y * jax.nn.silu(z.reshape(t, nv, dv))).reshape(t, nv * dv))
         return linear(env.plan, arena, y, (t, nv * dv), p["out_proj"],
-                      workspaces.FP8_ACT_REGIONS, interpret=env.interpret)  # fmt: skip
+                      workspaces.FP8_ACT_REGIONS, interpret=env.interpret, kernels=env.kernels)  # fmt: skip
 
     # -- steps -------------------------------------------------------------------------------
 
@@ -206,7 +206,7 @@ class GatedDeltaNet(Block):
         q, k, v = self._split_conv(env, conv)
         arena, o, final = gdn_chunked_into(
             arena, env.plan, q, k, v, g, beta, cu_seqlens=ctx.cu_seqlens, initial_states=init,
-            use_qk_l2norm=True, interpret=env.interpret,
+            use_qk_l2norm=True, interpret=env.interpret, kernels=env.kernels,
         )  # fmt: skip
         cache = {"state": cache["state"].at[:s].set(final), "conv": conv_cache}
         cache, arena = jax.lax.optimization_barrier((cache, arena))
@@ -229,7 +229,7 @@ class GatedDeltaNet(Block):
         q, k, v = self._split_conv(env, jax.nn.silu(conv))
         # Rows 0..B-1 of the (donated) state cache are updated in place.
         o, state = gdn_state_update(cache["state"], q, k, v, g, beta, use_qk_l2norm=True,
-                                    interpret=env.interpret)  # fmt: skip
+                                    interpret=env.interpret, kernels=env.kernels)  # fmt: skip
         # No barrier: nothing here reads the arena (the FP8 products `linear` ties itself).
         cache = {"state": state, "conv": conv_cache}
         arena, out = self._out(env, p, arena, o.astype(F32), z, bsz)

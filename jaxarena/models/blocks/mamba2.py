@@ -25,8 +25,8 @@ from jaxarena.models.blocks.base import Block, Env, StepContext, dense_init
 from jaxarena.models.blocks.causal_conv import cached_or_zeros, prefill_conv
 from jaxarena.models.checkpoint import FLOAT_DTYPES
 from jaxarena.models.core.arena import BF16, F32, linear, stored
+from jaxarena.models.core.kernels import ssd_chunked_scan_into, ssd_state_update
 from jaxarena.models.core.norms import rms_norm
-from pallas_kernels import ssd_chunked_scan_into, ssd_state_update
 
 __all__ = ["Mamba2", "CONV_KERNEL"]
 
@@ -107,7 +107,7 @@ class Mamba2(Block):
         # The GEMM writes the bf16 values `stored` rounds to (a float32 in_proj output is
         # `[T, in_proj width]`: 86 MB per 2048 tokens of mamba2-2.7b).
         arena, zx = linear(env.plan, arena, x, (t, c.hidden_size), p["in_proj"],
-                           workspaces.FP8_ACT_REGIONS, interpret=env.interpret,
+                           workspaces.FP8_ACT_REGIONS, interpret=env.interpret, kernels=env.kernels,
                            stored_out=True)  # fmt: skip
         zx = stored(zx)
         d_in, d_xbc = c.mamba2_d_inner, c.mamba2_d_xbc
@@ -130,7 +130,7 @@ class Mamba2(Block):
         g = c.n_groups
         y = rms_norm(y.reshape(t, g, -1), p["gate_norm"].reshape(g, -1), self.rms_eps)
         return linear(env.plan, arena, stored(y.reshape(t, -1)), (t, c.mamba2_d_inner),
-                      p["out_proj"], workspaces.FP8_ACT_REGIONS, interpret=env.interpret)  # fmt: skip
+                      p["out_proj"], workspaces.FP8_ACT_REGIONS, interpret=env.interpret, kernels=env.kernels)  # fmt: skip
 
     # -- steps -------------------------------------------------------------------------------
 
@@ -152,7 +152,7 @@ class Mamba2(Block):
         arena, y, final = ssd_chunked_scan_into(
             arena, env.plan, x.astype(BF16), dt, -jnp.exp(p["A_log"].astype(F32)), b, cc,
             D=p["D"].astype(F32), dt_bias=p["dt_bias"].astype(F32), dt_softplus=True,
-            initial_states=init, cu_seqlens=cu, interpret=env.interpret,
+            initial_states=init, cu_seqlens=cu, interpret=env.interpret, kernels=env.kernels,
         )  # fmt: skip
         cache = {"state": cache["state"].at[:s].set(final), "conv": conv_cache}
         cache, arena = jax.lax.optimization_barrier((cache, arena))
@@ -172,7 +172,7 @@ class Mamba2(Block):
         y, state = ssd_state_update(
             cache["state"], x, dt, -jnp.exp(p["A_log"].astype(F32)), b, cc,
             D=p["D"].astype(F32), dt_bias=p["dt_bias"].astype(F32), dt_softplus=True,
-            interpret=env.interpret,
+            interpret=env.interpret, kernels=env.kernels,
         )  # fmt: skip
         # No barrier: nothing here reads the arena (its only writes would be the FP8 buffers,
         # whose products `linear` ties itself).

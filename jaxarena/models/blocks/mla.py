@@ -79,9 +79,9 @@ from jaxarena.models.core.arena import (
     linear,
     stored,
 )
+from jaxarena.models.core.kernels import paged_prefill_attention_into, splitk_decode_attention_into
 from jaxarena.models.core.mla_rope import Yarn, inverse_frequencies, mla_rope
 from jaxarena.models.core.norms import rms_norm
-from pallas_kernels import paged_prefill_attention_into, splitk_decode_attention_into
 from pallas_kernels.splitk_decode_attention import splitk_num_splits
 
 __all__ = ["MLA", "mla_dims"]
@@ -214,15 +214,15 @@ class MLA(Block):
         H, nope, rope, v, kv_lora, q_lora = mla_dims(c)
         h, regions = c.hidden_size, workspaces.FP8_ACT_REGIONS
         if q_lora:
-            arena, qa = linear(plan, arena, x, (t, h), p["wq_a"], regions, interpret=it)
+            arena, qa = linear(plan, arena, x, (t, h), p["wq_a"], regions, interpret=it, kernels=env.kernels)
             qa = stored(rms_norm(qa, p["q_a_norm"], self.rms_eps))  # as `ssm_ba` holds it
             # The q latent (q_lora <= hidden in every release) fits the `fp8_act` buffers,
             # sized for the widest projection input.
             q_regions = fp8_regions(plan, t, q_lora, regions)
-            arena, q = linear(plan, arena, qa, (t, q_lora), p["wq_b"], q_regions, interpret=it)
+            arena, q = linear(plan, arena, qa, (t, q_lora), p["wq_b"], q_regions, interpret=it, kernels=env.kernels)
         else:
-            arena, q = linear(plan, arena, x, (t, h), p["wq"], regions, interpret=it)
-        arena, kv = linear(plan, arena, x, (t, h), p["wkv_a"], regions, interpret=it)
+            arena, q = linear(plan, arena, x, (t, h), p["wq"], regions, interpret=it, kernels=env.kernels)
+        arena, kv = linear(plan, arena, x, (t, h), p["wkv_a"], regions, interpret=it, kernels=env.kernels)
         q, kv = stored(q), stored(kv)
         q = q.reshape(t, H, nope + rope)
         q = jnp.concatenate([q[..., :nope], self._rope(q[..., nope:], ctx.positions, rope)], -1)
@@ -259,7 +259,7 @@ class MLA(Block):
         """`o_proj` of the `[T, H, v]` rows, rounded as `attn_output` would store them."""
         t = o.shape[0]
         return linear(env.plan, arena, stored(o.reshape(t, -1)), (t, o.shape[1] * o.shape[2]),
-                      p["wo"], workspaces.FP8_ACT_REGIONS, interpret=env.interpret)  # fmt: skip
+                      p["wo"], workspaces.FP8_ACT_REGIONS, interpret=env.interpret, kernels=env.kernels)  # fmt: skip
 
     # -- steps -------------------------------------------------------------------------------------
 
@@ -287,7 +287,7 @@ class MLA(Block):
         arena = paged_prefill_attention_into(
             arena, env.plan, self._absorb_prefill(q, w, nope), cache["latent"], None,
             ctx.block_tables, ctx.cu_seqlens, lens, sm_scale=self.sm_scale(c),
-            v_head_dim=kv_lora, interpret=env.interpret,
+            v_head_dim=kv_lora, interpret=env.interpret, kernels=env.kernels,
         )  # fmt: skip
         o_lat = get(env.plan, arena, "attn_output", (t, H, kv_lora))
         o = self._mul("thc,chv->thv", o_lat, w[..., nope:])
@@ -312,6 +312,7 @@ class MLA(Block):
             arena, plan, qa, cache["latent"], None, ctx.block_tables, ctx.seq_lens,
             num_splits=self._num_splits(env, b), sm_scale=self.sm_scale(c),
             v_head_dim=kv_lora, levers=env.levers, target=env.target, interpret=env.interpret,
+            kernels=env.kernels,
         )  # fmt: skip
         o_lat = get(plan, arena, "attn_output", (b, H, kv_lora))
         o = self._mul("bhc,chd->bhd", o_lat, w)[..., nope:]

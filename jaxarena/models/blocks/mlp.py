@@ -110,15 +110,15 @@ class MLP(StatelessBlock):
             # so where XLA's GPU dot merger joins the two GEMMs its output is bf16, not a
             # float32 buffer twice the size (48 MiB at 2048 rows of Qwen3-0.6B).
             arena, (g, u) = linear(plan, arena, x, (t, h), (p["w_gate"], p["w_up"]),
-                                   act_regions, quant=quant, interpret=it, split=True,
-                                   stored_out=True)  # fmt: skip
+                                   act_regions, quant=quant, interpret=it, kernels=env.kernels,
+                                   split=True, stored_out=True)  # fmt: skip
             if tabs is not None:
                 g, u = lora_add((g, u), x, [[tabs["gate_proj"]], [tabs["up_proj"]]],
                                 lora_slots, interpret=it)  # fmt: skip
             act = stored(_GATES[self.act](stored(g)) * stored(u))
         else:
             arena, up = linear(plan, arena, x, (t, h), p["w_up"], act_regions, quant=quant,
-                               interpret=it)  # fmt: skip
+                               interpret=it, kernels=env.kernels)  # fmt: skip
             if tabs is not None:
                 (up,) = lora_add((stored(up),), x, [[tabs["up_proj"]]], lora_slots, interpret=it)
             act = stored(jnp.square(jax.nn.relu(up)))
@@ -126,7 +126,7 @@ class MLP(StatelessBlock):
         # intermediate size is not a multiple of 128: that projection reads its bf16 input.
         regions = ffn_down_regions(plan, t, inter)
         arena, down = linear(plan, arena, act, (t, inter), p["w_down"], regions, quant=quant,
-                             interpret=it, stored_out=True)  # fmt: skip
+                             interpret=it, kernels=env.kernels, stored_out=True)  # fmt: skip
         if tabs is not None:
             (down,) = lora_add((stored(down),), act, [[tabs["down_proj"]]], lora_slots,
                                interpret=it)  # fmt: skip

@@ -56,7 +56,7 @@ from jaxarena.models.blocks.moe_routing import (
     sort_by_expert,
 )
 from jaxarena.models.core.arena import BF16, F32, is_fp8, linear, stored
-from pallas_kernels.grouped_gemm import grouped_gemm, grouped_gemm_fp8_into
+from jaxarena.models.core.kernels import grouped_gemm, grouped_gemm_fp8_into
 
 __all__ = ["MoE", "MOE_ROUTERS"]
 
@@ -285,14 +285,15 @@ class MoE(StatelessBlock):
                 shared_expert_intermediate_size=c.shared_expert_intermediate_size)  # fmt: skip
             arena, out = grouped_gemm_fp8_into(arena, plan, x, w["w"], w["scale_inv"], sizes,
                                                layout=layout, row_ids=token, out_dtype=F32,
-                                               interpret=it, group_offset=offset)  # fmt: skip
+                                               interpret=it, group_offset=offset,
+                                               kernels=env.kernels)  # fmt: skip
             # The GEMM read the slab: tie its output to this arena before the next write.
             out, arena = jax.lax.optimization_barrier((out, arena))
             return arena, out
         # Gathered, then narrowed (exact): XLA fuses the two, no bf16 copy of `x`.
         lhs = (x if token is None else x[token]).astype(BF16)
         return arena, grouped_gemm(lhs, w.astype(BF16), sizes, out_dtype=F32, interpret=it,
-                                   group_offset=offset)  # fmt: skip
+                                   group_offset=offset, kernels=env.kernels)  # fmt: skip
 
     def _shared(self, env: Env, p, arena, x: jax.Array, t: int):
         """The shared expert on the block input `x`: `(arena, float32[T, hidden])`, rounded
@@ -304,13 +305,13 @@ class MoE(StatelessBlock):
         if self.act == "swiglu":
             # One input quantization for both projections (a tuple weight, split outputs).
             arena, (g, u) = linear(plan, arena, x, (t, h), (p["s_gate"], p["s_up"]),
-                                   act_regions, interpret=it, split=True)  # fmt: skip
+                                   act_regions, interpret=it, kernels=env.kernels, split=True)  # fmt: skip
             a = jax.nn.silu(stored(g)) * stored(u)
         else:
-            arena, u = linear(plan, arena, x, (t, h), p["s_up"], act_regions, interpret=it)
+            arena, u = linear(plan, arena, x, (t, h), p["s_up"], act_regions, interpret=it, kernels=env.kernels)
             a = jnp.square(jax.nn.relu(stored(u)))
         regions = ffn_down_regions(plan, t, si)
-        arena, y = linear(plan, arena, stored(a), (t, si), p["s_down"], regions, interpret=it)
+        arena, y = linear(plan, arena, stored(a), (t, si), p["s_down"], regions, interpret=it, kernels=env.kernels)
         if self.shared_gate:
             y = y * jax.nn.sigmoid(x @ p["s_scale"].astype(F32))
         return arena, stored(y)
@@ -337,7 +338,7 @@ class MoE(StatelessBlock):
         src = xb
         if self.latent:  # 3. (`ssm_ba`)
             arena, lat = linear(plan, arena, x, (t, h), p["w_lat_in"],
-                                workspaces.FP8_ACT_REGIONS, interpret=it)  # fmt: skip
+                                workspaces.FP8_ACT_REGIONS, interpret=it, kernels=env.kernels)  # fmt: skip
             src = stored(lat)
         # 4. gate / up (`expert_gate_out`, `expert_up_out`), activation (`expert_up_out`)
         w_in = p["w_gate_up"] if self.act == "swiglu" else p["w_up"]
@@ -352,7 +353,7 @@ class MoE(StatelessBlock):
         out = stored(combine(y, order, weights, F32))
         if self.latent:
             arena, out = linear(plan, arena, out, (t, d), p["w_lat_out"],
-                                workspaces.FP8_ACT_REGIONS, interpret=it)  # fmt: skip
+                                workspaces.FP8_ACT_REGIONS, interpret=it, kernels=env.kernels)  # fmt: skip
             out = stored(out)
         if self.shared:  # 7. (`moe_output`)
             arena, y = self._shared(env, p, arena, x, t)

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxarena import ArenaPlan, workspaces
+from jaxarena.models.core.xla_fp8 import fp8_block_matmul_xla, fp8_block_quant_xla
 from pallas_kernels import fp8_block_quant_into
 from pallas_kernels._args import resolve_interpret
 from pallas_kernels.grouped_gemm.ops import default_block_m, fp8_config, run_gemm
@@ -77,13 +78,15 @@ def fp8_regions(plan: ArenaPlan, t: int, k: int,
 
 
 def fp8_block_matmul(xq: jax.Array, xs: jax.Array, w: dict[str, jax.Array], *,
-                     interpret: bool | None = None) -> jax.Array:  # fmt: skip
+                     interpret: bool | None = None,
+                     kernels: str = "pallas") -> jax.Array:  # fmt: skip
     """Block-scaled product of 1 x 128 quantized activations and 128 x 128 quantized weights.
 
     Args:
       xq: `float8_e4m3fn[T, K]` activations; xs: `float32[T, ceil(K/128)]` their scales.
       w: `{"w": float8_e4m3fn[N, K], "scale_inv": float32[ceil(N/128), ceil(K/128)]}`.
       interpret: the Pallas kernel's mode (None: interpreted on a CPU, compiled on a GPU).
+      kernels: `"xla"`: the same product in plain XLA (`core.xla_fp8`), no kernel.
 
     Returns:
       `float32[T, N]`: `sum_b xs[t, b] * scale_inv[n // 128, b] * (xq[t, blk b] . w[n, blk b])`,
@@ -116,6 +119,8 @@ def fp8_block_matmul(xq: jax.Array, xs: jax.Array, w: dict[str, jax.Array], *,
                              f"{(t, k)} and {n} output columns (128 x 128 weight blocks)")  # fmt: skip
     if t == 0 or n == 0 or k == 0:
         return jnp.zeros((t, n), F32)
+    if kernels == "xla":
+        return fp8_block_matmul_xla(xq, xs, w)
     interpret = resolve_interpret(interpret)
     bm = default_block_m(t)
     cfg = fp8_config(t, k, n, 1, bm, gather=False, interpret=interpret)
@@ -154,10 +159,19 @@ def _bf16_product(x: jax.Array, w: jax.Array) -> jax.Array:
     return jnp.dot(x.astype(BF16), w, preferred_element_type=BF16).astype(F32)
 
 
+def _bf16_dot(x: jax.Array, w: jax.Array) -> jax.Array:
+    """`x @ w` for bf16 values `x` and a bf16 `w` as a bf16 GEMM with float32 accumulation
+    and output: the products `x @ w.astype(F32)` sums (exact bf16 x bf16 products, f32 sums),
+    without the float32 copy of the weight that form makes each step (on CPU the copy is most
+    of the cost: 14.4 vs 8.4 CPU-ms for `[4, 1024] @ [1024, 6144]`, measured)."""
+    return jnp.dot(x.astype(BF16), w, preferred_element_type=F32)
+
+
 def linear(plan: ArenaPlan, arena: jax.Array, src: Any, shape: tuple[int, int], w: Any,
            regions: tuple[str, ...] | None, *, quant: bool = False,
            interpret: bool | None = None, split: bool = False,
-           stored_out: bool = False) -> tuple[jax.Array, Any]:  # fmt: skip
+           stored_out: bool = False,
+           kernels: str = "pallas") -> tuple[jax.Array, Any]:  # fmt: skip
     """`x @ w` for `x` = region `src` (`shape = (T, K)`), or `src` itself when it is an
     array (a `stored` float32 value, not in the arena); see the module docstring.
 
@@ -172,20 +186,30 @@ def linear(plan: ArenaPlan, arena: jax.Array, src: Any, shape: tuple[int, int], 
     XLA keeps a bf16 output buffer even where it merges GEMMs sharing `x` (its dot merger
     joins gate and up at small T into one output that a later bf16 cast cannot shrink:
     float32 `[2048, 6144]`, 48 MiB, at Qwen3-0.6B widths).
+
+    `kernels="xla"` (`models.core.kernels`): the FP8 quantization and products in plain XLA
+    (`core.xla_fp8`); the quantized input stays an XLA value and the FP8 regions are not
+    written (only this product reads them). A bf16 weight's product is a bf16 GEMM with a
+    float32 output (`x` holds bf16 values, as above: the same products and f32 sums, no
+    float32 copy of the weight).
     """
     t, k = shape
     parts = _parts(w)
-    if (quant or any(is_fp8(p) for p in parts)) and regions is not None:
+    fp8_in = (quant or any(is_fp8(p) for p in parts)) and regions is not None
+    if fp8_in:
         x = src.astype(BF16) if not isinstance(src, str) else plan.view(arena, src, shape, BF16)
-        arena = fp8_block_quant_into(arena, plan, x, regions=regions, interpret=interpret)
-        rows, nb = workspaces.fp8_rows(t), workspaces.fp8_scale_cols(k)
-        q = plan.view(arena, regions[0], (rows, k), jnp.float8_e4m3fn)[:t]
-        s = plan.view(arena, regions[1], (rows, nb), F32)[:t]
+        if kernels == "xla":
+            q, s = fp8_block_quant_xla(x)
+        else:
+            arena = fp8_block_quant_into(arena, plan, x, regions=regions, interpret=interpret)
+            rows, nb = workspaces.fp8_rows(t), workspaces.fp8_scale_cols(k)
+            q = plan.view(arena, regions[0], (rows, k), jnp.float8_e4m3fn)[:t]
+            s = plan.view(arena, regions[1], (rows, nb), F32)[:t]
         xd = None
         outs = []
         for p in parts:
             if is_fp8(p):
-                outs.append(fp8_block_matmul(q, s, p, interpret=interpret))
+                outs.append(fp8_block_matmul(q, s, p, interpret=interpret, kernels=kernels))
             else:
                 if xd is None:
                     xd = q.astype(F32) * jnp.repeat(s, workspaces.FP8_BLOCK, axis=1)[:, :k]
@@ -193,9 +217,10 @@ def linear(plan: ArenaPlan, arena: jax.Array, src: Any, shape: tuple[int, int], 
     else:
         x = src if not isinstance(src, str) else get(plan, arena, src, shape)
         outs = [_bf16_product(x, p) if stored_out and not is_fp8(p) and p.dtype == BF16 else
+                _bf16_dot(x, p) if kernels == "xla" and not is_fp8(p) and p.dtype == BF16 else
                 x @ (dequant_weight(p) if is_fp8(p) else p.astype(F32)) for p in parts]  # fmt: skip
     out = tuple(outs) if split else outs[0] if len(outs) == 1 else jnp.concatenate(outs, -1)
-    if isinstance(src, str) or (quant or any(is_fp8(p) for p in parts)) and regions is not None:
+    if isinstance(src, str) or fp8_in and kernels != "xla":
         # The product read arena bytes (the region, or the FP8 buffers just written): tie it
         # to the arena so that the next write waits for it. Without a data dependency (the
         # output is an XLA value, not stored back) XLA could schedule the write first and
