@@ -158,6 +158,7 @@ class Engine:
         memory_utilization: float = 0.9,
         kv_pages: int | None = None,
         kv_dtype: str = "bf16",
+        kernels: str = "auto",
         target: Target | str | None = None,
         prefix_caching: bool | None = None,
         token_buckets: Sequence[int] | None = None,
@@ -178,6 +179,8 @@ class Engine:
             without a GPU: pages for `max_batch_size` sequences of `max_seq_len` tokens.
           kv_dtype: the KV pages, "bf16" or "fp8" (e4m3 with per-layer scales: twice the
             tokens in the same memory; `load_pretrained`).
+          kernels: "auto" (the Pallas kernels on a GPU, their plain-XLA forms on a CPU, where
+            the Pallas interpreter would dominate), "pallas" or "xla" (`load_pretrained`).
           target: the arena's target (a `Target` or a preset name); None: the device's.
           prefix_caching: None: on where every cache is paged (attention, MLA), off for the
             Mamba-2 / Gated DeltaNet hybrids; True for a hybrid raises ValueError.
@@ -231,7 +234,8 @@ class Engine:
         lm = load_pretrained(root, max_batch_tokens=max_batch_tokens, max_seq_len=max_seq_len,
                              kv_block_size=kv_block_size, max_batch_size=max_batch_size,
                              target=target, compiler_options=compiler_options,
-                             kv_pages=pool.pages, kv_dtype=kv_dtype, **load_options)  # fmt: skip
+                             kv_pages=pool.pages, kv_dtype=kv_dtype, kernels=kernels,
+                             **load_options)  # fmt: skip
         allocated = lm.cache_bytes
         if allocated != pool.total_bytes:
             raise RuntimeError(f"the caches hold {allocated:,} bytes where the pool's arithmetic "

@@ -7,7 +7,7 @@ within max_seq_len 32) arriving at random steps, greedy, on a pool of 5 pages of
 for 4 slots (a full-length request needs 2), so requests are preempted and recomputed. After
 every step the block manager's invariants hold; after the workload no page is held.
 
-Tolerance: the engine and `CausalLM.generate` run the same kernels on the same weights; they
+Tolerance: the engine and `CausalLM.generate` run the same (Pallas) kernels on the same weights; they
 differ in how tokens are grouped (prefill chunks of a step's token budget; a decode token that
 shares a step with a prefill chunk runs through the prefill kernel instead of split-K; a
 preempted request's tokens are recomputed by prefill). Each side's logits are within the
@@ -55,7 +55,7 @@ def _build(name: str, **kw) -> Engine:
         max_seq_len=LIMITS["max_seq_len"], max_batch_tokens=LIMITS["max_batch_tokens"],
         kv_block_size=LIMITS["kv_block_size"], kv_pages=kw.pop("kv_pages", POOL_PAGES),
         token_buckets=kw.pop("token_buckets", (LIMITS["max_batch_tokens"],)),
-        compiler_options=FAST_CPU_COMPILE, log=None, **kw,
+        compiler_options=FAST_CPU_COMPILE, log=None, kernels="pallas", **kw,
     )  # fmt: skip
 
 
