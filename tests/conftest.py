@@ -35,7 +35,32 @@ def pytest_addoption(parser):
     )  # fmt: skip
 
 
+# CI's two full jobs (.ci/run) split the model tests between them: with JAXARENA_CI_SHARD=k/n
+# a job runs the test files of tests/models/ whose index in their sorted list is k-1 modulo n
+# (every other file), and every other test. Each model file still runs on one of the two
+# JAX versions; a plain `pytest` (no variable) runs everything.
+SHARDED_FOLDER = "models"
+
+
+def _shard(items):
+    value = os.environ.get("JAXARENA_CI_SHARD", "")
+    if not value:
+        return items, []
+    k, n = (int(x) for x in value.split("/"))
+    if not 1 <= k <= n:
+        raise ValueError(f"JAXARENA_CI_SHARD={value!r} must be k/n with 1 <= k <= n")
+    files = sorted({str(item.path) for item in items if item.path.parent.name == SHARDED_FOLDER})
+    mine = {f for i, f in enumerate(files) if i % n == k - 1}
+    keep = [i for i in items if i.path.parent.name != SHARDED_FOLDER or str(i.path) in mine]
+    drop = [i for i in items if i.path.parent.name == SHARDED_FOLDER and str(i.path) not in mine]
+    return keep, drop
+
+
 def pytest_collection_modifyitems(config, items):
+    keep, drop = _shard(items)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
     if not config.getoption("--one-case-per-test"):
         return
     seen: set[str] = set()
