@@ -86,8 +86,9 @@ class Thunk:
 
 _THUNK_LINE = re.compile(r"^(\s*)(\d+):\s+(k\w+)\s*(?:\[[^\]]*\])?\s*(.*?)\s*$")
 _HEADER_LINE = re.compile(r"^\s*([A-Za-z][\w ]*?)\s*:\s*$")
+# jax 0.12.1's XLA writes the name as `kernel=NAME,`; earlier ones as `NAME`.
 _KERNEL_REST = re.compile(
-    r"^(\S+)\s+grid:\s*\[([\d, ]+)\]\s+threads:\s*\[([\d, ]+)\]\s+shared_memory:\s*(\d+)"
+    r"^(?:kernel=)?([^\s,]+),?\s+grid:\s*\[([\d, ]+)\]\s+threads:\s*\[([\d, ]+)\]\s+shared_memory:\s*(\d+)"
 )
 
 
@@ -117,7 +118,7 @@ def parse_thunk_sequence(text: str) -> list[Thunk]:
             thunk.threads = tuple(int(v) for v in k.group(3).split(","))
             thunk.shared_memory_bytes = int(k.group(4))
         elif rest and kind not in _CONTAINER_KINDS:
-            thunk.name = rest.split()[0]
+            thunk.name = rest.split()[0].removeprefix("kernel=").rstrip(",")
         while stack and stack[-1][0] >= indent:
             stack.pop()
         if stack:

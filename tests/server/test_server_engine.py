@@ -122,7 +122,8 @@ def test_disconnect_frees_pages_and_pool_is_empty_after(setup):
         with http.stream("POST", "/v1/completions", json=body) as r:
             lines = r.iter_lines()
             next(lines)
-            assert metric(srv.url, "jaxarena_kv_pages_in_use") > 0
+            # No "pages in use > 0" check here: with the XLA kernels (the CPU default) the
+            # request may finish before the scrape (it failed CI's jax 0.12.1 job that way).
     deadline = time.monotonic() + 30
     while metric(srv.url, "jaxarena_kv_pages_in_use") != 0 and time.monotonic() < deadline:
         time.sleep(0.05)
