@@ -44,7 +44,7 @@ def model_step(res: Any, lm: Any, params: Any, caches: Any, kind: str, *,
         raise ValueError(f"context={context} must be >= 1 (tokens each sequence attends)")
     spec = gpu_spec(res.target)
     cost = compiled_cost(res, context)
-    pool = -(-max(lm.max_seq_len, lm.max_batch_tokens) // lm.kv_block_size)
+    pool = lm.pages_per_seq
     low = minimum(lm, params, caches, kind, rows=lm.max_batch_size + 1, context=context,
                   pool=pool)  # fmt: skip
     fp8 = any("float8" in np.dtype(a.dtype).name for a in _leaves(params))

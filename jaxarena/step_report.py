@@ -263,7 +263,7 @@ def abstract_model(
     # pool's size (the pages are indexed in place), and a pool of every slot at full length
     # (load_pretrained's test sizing) can exceed the device, which makes XLA's scheduler and
     # rematerialization work against a memory limit the serve would never have.
-    pool = -(-max(max_seq_len, max_batch_tokens) // kv_block_size)
+    pool = lm.pages_per_seq
     caches = jax.eval_shape(lambda: lm.init_caches(num_blocks=pool, rows=rows))
     return lm, params, caches
 
@@ -279,7 +279,7 @@ def _check_target(target: Any) -> str:
 
 def step_args(lm: ArenaLM, kind: str) -> tuple[Callable, tuple[Any, ...]]:
     """The step function and its extra abstract arguments (after params, arena, caches)."""
-    per_seq = -(-max(lm.max_seq_len, lm.max_batch_tokens) // lm.kv_block_size)
+    per_seq = lm.pages_per_seq
     if kind == "prefill":
         s = lm.max_batch_size + 1
         return lm.prefill, (S((lm.max_batch_tokens,), I32), S((s + 1,), I32),

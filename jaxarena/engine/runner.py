@@ -75,7 +75,7 @@ def abstract_inputs(model: Any, name: str) -> tuple[Any, ...]:
     (see `step_functions`), for `model` (an `ArenaLM`)."""
     i32, sds = jnp.int32, jax.ShapeDtypeStruct
     r = model.max_batch_size
-    p = -(-max(model.max_seq_len, model.max_batch_tokens) // model.kv_block_size)
+    p = model.pages_per_seq
     slots = jax.tree.map(lambda a: sds(a.shape, a.dtype), slot_params(r, {}))
     active = sds((r,), jnp.bool_)
     if name == "decode":

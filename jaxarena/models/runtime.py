@@ -525,7 +525,7 @@ def load_pretrained(
         host = model.stack_params(host)
     params = jax.device_put(host)  # the one host -> device copy of the weights
     rows = max_batch_size + 1  # + the padding sequence of a fixed-shape prefill
-    per_seq = -(-max(max_seq_len, max_batch_tokens) // kv_block_size)
+    per_seq = model.pages_per_seq
     if kv_pages is None:
         caches = model.init_caches(num_blocks=rows * per_seq, rows=rows)
         # Shuffled pages, so the paged reads are exercised as a serving engine would use them.

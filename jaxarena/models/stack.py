@@ -168,6 +168,13 @@ class ArenaLM:
             raise ValueError(f"prefill_chunk={c!r} must be None, 'auto' or an int >= 1")
 
     @property
+    def pages_per_seq(self) -> int:
+        """Columns of a block table: the KV pages of the longest sequence a step can hold,
+        `ceil(max(max_seq_len, max_batch_tokens) / kv_block_size)` (a prefill's padding
+        sequence may take every token of the step)."""
+        return -(-max(self.max_seq_len, self.max_batch_tokens) // self.kv_block_size)
+
+    @property
     def env(self) -> Env:
         """What every block runs against (config, plan, KV page size, decode policy)."""
         return Env(config=self.config, plan=self.plan, kv_block_size=self.kv_block_size,
