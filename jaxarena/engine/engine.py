@@ -431,9 +431,14 @@ class Engine:
         slots = slot_params(r, entries)
         decode_only = all(it.num_tokens == 1 and ends[it.request.request_id]
                           for it in plan.items)  # fmt: skip
-        if decode_only and self.recurrent and len(plan.items) < self.scheduler.num_running:
+        if decode_only and self.recurrent and (
+                len(plan.items) < self.scheduler.num_running
+                or any(it.start == 0 for it in plan.items)):
             # A running request left out of a decode step would have its recurrent state
-            # advanced by its row's padding token; the mixed pass leaves it as it is.
+            # advanced by its row's padding token, and a one-token prompt's first step would
+            # start from the state its slot's previous request left: the decode step carries
+            # every row's state forward. The mixed pass leaves an absent row as it is and
+            # starts a row whose cached length is 0 from zero states.
             decode_only = False
         tables = np.zeros((r + 1, p), np.int32)
         for req in self.scheduler.running:
