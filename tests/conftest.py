@@ -35,11 +35,12 @@ def pytest_addoption(parser):
     )  # fmt: skip
 
 
-# CI's two full jobs (.ci/run) split the model tests between them: with JAXARENA_CI_SHARD=k/n
-# a job runs the test files of tests/models/ whose index in their sorted list is k-1 modulo n
-# (every other file), and every other test. Each model file still runs on one of the two
-# JAX versions; a plain `pytest` (no variable) runs everything.
-SHARDED_FOLDER = "models"
+# CI's two full jobs (.ci/run) split the heaviest folders between them: with
+# JAXARENA_CI_SHARD=k/n a job runs the test files of tests/models/ and of tests/gpu/ whose index
+# in their folder's sorted list is k-1 modulo n (every other file of each), and every other
+# test. Each such file still runs on one of the two JAX versions; a plain `pytest` (no
+# variable) runs everything.
+SHARDED_FOLDERS = ("models", "gpu")
 
 
 def _shard(items):
@@ -49,11 +50,15 @@ def _shard(items):
     k, n = (int(x) for x in value.split("/"))
     if not 1 <= k <= n:
         raise ValueError(f"JAXARENA_CI_SHARD={value!r} must be k/n with 1 <= k <= n")
-    files = sorted({str(item.path) for item in items if item.path.parent.name == SHARDED_FOLDER})
-    mine = {f for i, f in enumerate(files) if i % n == k - 1}
-    keep = [i for i in items if i.path.parent.name != SHARDED_FOLDER or str(i.path) in mine]
-    drop = [i for i in items if i.path.parent.name == SHARDED_FOLDER and str(i.path) not in mine]
-    return keep, drop
+    mine = set()
+    for folder in SHARDED_FOLDERS:
+        files = sorted({str(i.path) for i in items if i.path.parent.name == folder})
+        mine |= {f for j, f in enumerate(files) if j % n == k - 1}
+
+    def kept(item) -> bool:
+        return item.path.parent.name not in SHARDED_FOLDERS or str(item.path) in mine
+
+    return [i for i in items if kept(i)], [i for i in items if not kept(i)]
 
 
 def pytest_collection_modifyitems(config, items):
