@@ -120,7 +120,7 @@ TOP_N = 5  # logprobs asked for: a near-tie may hold more than two tokens
 
 
 def _near_tie(loaded: dict, alone: dict) -> bool:
-    k = next(k for k, (a, b) in enumerate(zip(loaded["tokens"], alone["tokens"])) if a != b)
+    k = next(k for k, (a, b) in enumerate(zip(loaded["tokens"], alone["tokens"], strict=False)) if a != b)
     top = alone["tops"][k]
     return loaded["tokens"][k] in top and max(top.values()) - top[loaded["tokens"][k]] < TIE_NATS
 
@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     mixed = [i for i in differ if i not in ties]
     in_use = [line for line in pages.splitlines() if line.startswith("jaxarena_kv_pages_in_use ")]
     ttft = [r["stamps"][0] - r["t0"] for r in ok if r["stamps"]]
-    itl = [b - a for r in ok for a, b in zip(r["stamps"], r["stamps"][1:]) if b > a]
+    itl = [b - a for r in ok for a, b in zip(r["stamps"], r["stamps"][1:], strict=False) if b > a]
     e2e = [r["end"] - r["t0"] for r in ok]
     gen = sum(len(r["tokens"]) for r in ok)
     report = {
@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     }  # fmt: skip
     for i in mixed[:5]:
         a, b = results[i], replays[i]
-        k = next(k for k, (x, y) in enumerate(zip(a["tokens"], b["tokens"])) if x != y)
+        k = next(k for k, (x, y) in enumerate(zip(a["tokens"], b["tokens"], strict=False)) if x != y)
         print(f"mixed request {i}: token {k}: {a['tokens'][k]!r} under load, {b['tokens'][k]!r} "
               f"alone; alone's top {TOP_N}: {b['tops'][k]}", file=sys.stderr)
     for i in lost[:5]:

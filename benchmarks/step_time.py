@@ -33,7 +33,7 @@ from _timing import median_seconds  # noqa: E402
 from jaxarena import gpu_aot  # noqa: E402
 from jaxarena.step_cost import gpu_spec  # noqa: E402
 from jaxarena.step_model import compiled_cost  # noqa: E402
-from jaxarena.step_report import step_args, abstract_model  # noqa: E402
+from jaxarena.step_report import abstract_model, step_args  # noqa: E402
 
 
 def _config(model: str, layers: int | None, folder: Path) -> str:

@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxarena import ArenaPlan, BufferSizes, Levers, Lifetimes, ModelConfig, Target
-from jaxarena import _cli_checks
+from jaxarena import ArenaPlan, BufferSizes, Levers, Lifetimes, ModelConfig, Target, _cli_checks
 from jaxarena._sizing.weights import weight_bytes
 from jaxarena.cli import build_parser, main
 

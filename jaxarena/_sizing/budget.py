@@ -31,8 +31,8 @@ from jaxarena._figure import (
     save,
 )
 from jaxarena._sizing.buffers import BufferSizes
-from jaxarena._sizing.kv_pool import KVPool, kv_pool
 from jaxarena._sizing.cache import dtype_bytes, kv_bytes_per_token, state_bytes_per_sequence
+from jaxarena._sizing.kv_pool import KVPool, kv_pool
 from jaxarena._sizing.step_temp import RUNTIME_RESERVE, estimate_step_temp
 from jaxarena._sizing.weights import (
     WEIGHT_FORMATS,

@@ -85,8 +85,9 @@ class AsyncEngine:
             self._thread.start()
 
     def submit(self, prompt_ids: Sequence[int], params: SamplingParams | None = None,
-               request_id: str | None = None) -> RequestStream:  # fmt: skip
-        """Queues a request and returns its stream. Call from a running event loop.
+               request_id: str | None = None, adapter: str | None = None) -> RequestStream:  # fmt: skip
+        """Queues a request (with LoRA adapter `adapter`, a name the engine knows; None: the
+        base model) and returns its stream. Call from a running event loop.
 
         Raises:
           RequestError: the request is invalid (`Engine.add_request`'s checks run here, on
@@ -98,7 +99,7 @@ class AsyncEngine:
         if self.error is not None:
             raise RequestError(f"the engine stopped after an error: {self.error!r}")
         params = SamplingParams() if params is None else params
-        prompt_ids = self.engine.validate(prompt_ids, params)
+        prompt_ids = self.engine.validate(prompt_ids, params, adapter)
         with self._cond:
             if request_id is None:
                 request_id = f"req-{self._next}"
@@ -107,7 +108,7 @@ class AsyncEngine:
                 raise RequestError(f"request id {request_id!r} is already in use", "request_id")
             stream = RequestStream(self, request_id, asyncio.get_running_loop())
             self._streams[request_id] = stream
-            self._inbox.append(("add", (list(prompt_ids), params, request_id)))
+            self._inbox.append(("add", (list(prompt_ids), params, request_id, adapter)))
             self._cond.notify()
         return stream
 
@@ -162,9 +163,9 @@ class AsyncEngine:
                     inbox, self._inbox = list(self._inbox), collections.deque()
                 for kind, arg in inbox:
                     if kind == "add":
-                        prompt, params, rid = arg
+                        prompt, params, rid, adapter = arg
                         try:
-                            e.add_request(prompt, params, rid)
+                            e.add_request(prompt, params, rid, adapter)
                         except RequestError as err:
                             self._deliver(TokenEvent(rid, (), None, "abort", len(prompt), 0,
                                                      error=str(err)))  # fmt: skip

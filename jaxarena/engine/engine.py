@@ -16,12 +16,18 @@ request slot; or an explicit `kv_pages`. The allocation is checked against it to
 Prefix caching (full pages shared by a hash of their tokens) is on for models whose every
 cache is paged attention (or MLA); it is off for the Mamba-2 and Gated DeltaNet hybrids,
 whose recurrent state at a page boundary is not kept.
+
+LoRA: with `max_lora_rank` and `max_loras` the model holds `max_loras` adapter slots; the
+engine knows any number of PEFT adapters by name (`loras=`, `add_lora`), a request names one
+(`add_request(..., adapter=name)`), and `AdapterSlots` loads adapters into slots on demand,
+evicting the least recently used one no running request holds. A step's rows carry their
+adapter slots as data: one batch mixes adapters and the base model, and nothing recompiles.
+The prefix cache keys include the adapter.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import secrets
 import time
 from collections.abc import Callable, Sequence
@@ -30,13 +36,16 @@ from typing import Any
 
 import numpy as np
 
-from jaxarena import MemoryBudget, ModelConfig, Target
-from jaxarena._sizing.kv_pool import KVPool, page_bytes, slot_bytes
+from jaxarena import ModelConfig, Target
+from jaxarena._sizing.kv_pool import KVPool, slot_bytes
+from jaxarena.engine.adapters import AdapterSlots
+from jaxarena.engine.loading import eos_ids, less_lora_tables, max_positions, read_json, size_pool
 from jaxarena.engine.pages import BlockManager
 from jaxarena.engine.runner import Runner
-from jaxarena.engine.sampling import seed_key, slot_params
+from jaxarena.engine.sampling import slot_params
 from jaxarena.engine.scheduler import Request, Scheduler
 from jaxarena.engine.types import RequestError, SamplingParams, TokenEvent
+from jaxarena.models.lora import adapter_rank
 
 __all__ = ["CompletionOutput", "Engine"]
 
@@ -51,48 +60,6 @@ class CompletionOutput:
     token_ids: list[int]
     finish_reason: str | None
     logprobs: list[Any] | None = None
-
-
-def _eos_ids(path: Path, raw: dict[str, Any]) -> frozenset[int]:
-    """EOS ids from `generation_config.json` (int or list), else `config.json`."""
-    ids: set[int] = set()
-    for source in (raw, _read_json(path / "generation_config.json")):
-        v = source.get("eos_token_id")
-        if isinstance(v, int) and not isinstance(v, bool):
-            ids.add(v)
-        elif isinstance(v, list):
-            ids.update(x for x in v if isinstance(x, int) and not isinstance(x, bool))
-    return frozenset(ids)
-
-
-def _max_positions(raw: dict[str, Any]) -> int | None:
-    """The model's context length (`max_position_embeddings`, also under `text_config`)."""
-    for source in (raw, raw.get("text_config") or {}):
-        v = source.get("max_position_embeddings")
-        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
-            return v
-    return None
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        with open(path, encoding="utf-8") as f:
-            out = json.load(f)
-        return out if isinstance(out, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
-
-def _device_memory(utilization: float) -> int | None:
-    """The first GPU's memory limit times `utilization`; None without a GPU."""
-    import jax
-
-    dev = jax.devices()[0]
-    if dev.platform not in ("gpu", "cuda", "rocm"):
-        return None
-    stats = dev.memory_stats() or {}
-    limit = stats.get("bytes_limit")
-    return int(limit * utilization) if limit else None
 
 
 class Engine:
@@ -130,10 +97,17 @@ class Engine:
         self.vocab_size = m.config.vocab_size
         self.recurrent = slot_bytes(m.config) > 0
         self.pages = BlockManager(pool.pages, m.kv_block_size, prefix_caching)
+        self.adapters: AdapterSlots | None = None
+        if runner.lora:
+            self.adapters = AdapterSlots(
+                runner.lm.lora.max_loras,
+                lambda slot, name: runner.load_adapter(slot, self.adapters.data(name)),
+            )
         self.scheduler = Scheduler(self.pages, max_batch_size=m.max_batch_size,
                                    max_batch_tokens=m.max_batch_tokens,
                                    max_seq_len=self.max_seq_len, page_size=m.kv_block_size,
-                                   prefix_caching=prefix_caching)  # fmt: skip
+                                   prefix_caching=prefix_caching,
+                                   adapters=self.adapters)  # fmt: skip
         self.log = log
         self._requests: dict[str, Request] = {}
         self._seeds: dict[str, int] = {}
@@ -165,6 +139,9 @@ class Engine:
         compiler_options: dict[str, Any] | None = None,
         log: Callable[[str], None] = print,
         warm_up: bool = True,
+        loras: dict[str, str | Path] | None = None,
+        max_lora_rank: int | None = None,
+        max_loras: int | None = None,
         **load_options: Any,
     ) -> Engine:
         """Loads a checkpoint, sizes and allocates its page pool, compiles every executable.
@@ -189,6 +166,11 @@ class Engine:
           compiler_options: XLA options for the executables' compiles.
           log: where the progress lines go (None: nowhere).
           warm_up: compile every executable now (else `warm_up()` before the first step).
+          loras: PEFT adapters by name (`{name: directory}`), each checked now; `add_lora`
+            registers more later.
+          max_lora_rank, max_loras: the LoRA slots (rank and count); None: the largest rank
+            of `loras` and `min(len(loras), max_batch_size)` (at least 1), or no LoRA slots
+            without `loras` or a rank.
           load_options: more `load_pretrained` arguments (`interpret`, `scan_layers`, ...).
 
         Raises:
@@ -210,7 +192,7 @@ class Engine:
                              f"{max_batch_size}: a step decodes one token per running request")  # fmt: skip
         root = Path(path)
         cfg = ModelConfig.from_hf(root / "config.json")
-        raw = _read_json(root / "config.json")
+        raw = read_json(root / "config.json")
         if isinstance(target, str):
             target = Target.preset(target)
         if target is None:
@@ -223,7 +205,20 @@ class Engine:
                              "its Mamba-2 / Gated DeltaNet state at a page boundary is not "
                              "kept (leave prefix_caching unset)")  # fmt: skip
         prefix_caching = (not recurrent) if prefix_caching is None else bool(prefix_caching)
-        pool = cls._size_pool(cfg, raw, max_batch_size=max_batch_size, max_seq_len=max_seq_len,
+        loras = dict(loras or {})
+        if max_lora_rank is None:
+            max_lora_rank = max((adapter_rank(p) for p in loras.values()), default=0)
+        if max_loras is None:
+            max_loras = max(1, min(len(loras), max_batch_size)) if max_lora_rank else 0
+        if (max_lora_rank or max_loras) and not (max_lora_rank >= 1 and max_loras >= 1):
+            raise ValueError(f"LoRA slots need max_lora_rank >= 1 and max_loras >= 1, got "
+                             f"{max_lora_rank} and {max_loras}")  # fmt: skip
+        if max_lora_rank or max_loras:
+            load_options.update(max_lora_rank=max_lora_rank, max_loras=max_loras)
+            cfg = dataclasses.replace(cfg, adapter_max_rank=max_lora_rank)  # the lora_* buffers
+            if memory is not None or kv_pages is None:
+                memory = less_lora_tables(memory, memory_utilization, cfg, max_loras)
+        pool = size_pool(cfg, raw, max_batch_size=max_batch_size, max_seq_len=max_seq_len,
                               max_batch_tokens=max_batch_tokens, kv_block_size=kv_block_size,
                               memory=memory, memory_utilization=memory_utilization,
                               kv_pages=kv_pages, kv_dtype=kv_dtype, target=target,
@@ -249,34 +244,14 @@ class Engine:
             raise ValueError(f"token_buckets={list(token_buckets)} must be >= 1 and end at "
                              f"max_batch_tokens={max_batch_tokens}")  # fmt: skip
         runner = Runner(lm, token_buckets=buckets, log=log)
-        engine = cls(runner, pool, eos_token_ids=_eos_ids(root, raw),
+        engine = cls(runner, pool, eos_token_ids=eos_ids(root, raw),
                      prefix_caching=prefix_caching, model_type=lm.model_type, path=str(path),
-                     max_position_embeddings=_max_positions(raw), log=log)  # fmt: skip
+                     max_position_embeddings=max_positions(raw), log=log)  # fmt: skip
+        for name, adapter_path in loras.items():
+            engine.add_lora(name, adapter_path)
         if warm_up:
             runner.warm_up()
         return engine
-
-    @staticmethod
-    def _size_pool(cfg, raw, *, max_batch_size, max_seq_len, max_batch_tokens, kv_block_size,
-                   memory, memory_utilization, kv_pages, kv_dtype, target, log) -> KVPool:  # fmt: skip
-        if memory is None and kv_pages is None:
-            memory = _device_memory(memory_utilization)
-            if memory is None:
-                kv_pages = max_batch_size * -(-max_seq_len // kv_block_size)
-                log(f"no GPU and no --memory / --kv-pages: {kv_pages} pages, "
-                    f"{max_batch_size} sequences of {max_seq_len} tokens")  # fmt: skip
-        if memory is None:  # an explicit page count: no budget needed
-            per_page = page_bytes(cfg, kv_block_size, kv_dtype)
-            return KVPool(kv_block_size=kv_block_size, page_bytes=per_page,
-                          slot_bytes=slot_bytes(cfg), slots=max_batch_size + 1, pages=kv_pages,
-                          source="given")  # fmt: skip
-        quant = raw.get("quantization_config") or {}
-        weights = "fp8" if quant.get("quant_method") == "fp8" else "bf16"
-        budget = MemoryBudget(config=cfg, memory_bytes=memory, max_batch_tokens=max_batch_tokens,
-                              max_seq_len=max_seq_len, kv_block_size=kv_block_size,
-                              max_batch_size=max_batch_size, weights=weights,
-                              kv_dtype=kv_dtype, target=target)  # fmt: skip
-        return budget.kv_pool(kv_pages)
 
     def warm_up(self) -> None:
         """Compiles every executable (done by `from_pretrained` unless `warm_up=False`)."""
@@ -284,31 +259,54 @@ class Engine:
 
     # -- requests -------------------------------------------------------------------------------
 
+    def add_lora(self, name: str, path: str | Path) -> None:
+        """Registers the PEFT adapter at `path` under `name` (read and checked now; loaded
+        into a device slot when a request names it).
+
+        Raises:
+          RuntimeError: the engine was built without LoRA slots.
+          LoraError: the adapter does not fit the model (file, tensor and rule named).
+          ValueError: a name already registered.
+        """
+        from jaxarena.models.lora import read_adapter
+
+        if self.adapters is None:
+            raise RuntimeError("this engine has no LoRA slots: Engine.from_pretrained(..., "
+                               "loras={...}) or max_lora_rank=R, max_loras=N")  # fmt: skip
+        if name in self.adapters:
+            raise ValueError(f"adapter {name!r} is already registered")
+        self.adapters.register(name, read_adapter(path, self.runner.lm.lora))
+        self.log(f"adapter {name!r}: {path}")
+
     def add_request(self, prompt_ids: Sequence[int], params: SamplingParams | None = None,
-                    request_id: str | None = None) -> str:  # fmt: skip
-        """Queues a request; returns its id.
+                    request_id: str | None = None, adapter: str | None = None) -> str:  # fmt: skip
+        """Queues a request (with LoRA adapter `adapter`, a registered name; None: the base
+        model); returns its id.
 
         Raises:
           RequestError: an empty prompt, ids outside the vocabulary, a prompt that leaves no
             room for one new token within `max_seq_len` (or the model's context), a request
-            needing more pages than the whole pool, a duplicate request id.
+            needing more pages than the whole pool, a duplicate request id, an unknown
+            adapter (param "model").
         """
         params = SamplingParams() if params is None else params
-        ids = self.validate(prompt_ids, params)
+        ids = self.validate(prompt_ids, params, adapter)
         if request_id is None:
             request_id = f"req-{self._next_id}"
             self._next_id += 1
         if request_id in self._requests:
             raise RequestError(f"request id {request_id!r} is already in use", "request_id")
         req = Request(request_id=request_id, prompt_ids=ids, params=params,
-                      eos_ids=self.eos_token_ids)  # fmt: skip
+                      eos_ids=self.eos_token_ids, adapter=adapter,
+                      extra_key=None if adapter is None else f"lora:{adapter}")  # fmt: skip
         self.scheduler.add(req)  # RequestError: more pages than the pool
         self._requests[request_id] = req
         self._seeds[request_id] = (params.seed if params.seed is not None
                                    else self._rng.randrange(2**63))  # fmt: skip
         return request_id
 
-    def validate(self, prompt_ids: Sequence[int], params: SamplingParams) -> list[int]:
+    def validate(self, prompt_ids: Sequence[int], params: SamplingParams,
+                 adapter: str | None = None) -> list[int]:  # fmt: skip
         """The checks of `add_request` that need no engine state (so another thread may call
         it): returns the prompt as a list of ints.
 
@@ -317,6 +315,9 @@ class Engine:
         """
         if not isinstance(params, SamplingParams):
             raise RequestError(f"params must be a SamplingParams, got {type(params).__name__}")
+        if adapter is not None and (self.adapters is None or adapter not in self.adapters):
+            known = list(self.adapters.names) if self.adapters else []
+            raise RequestError(f"no LoRA adapter named {adapter!r} (adapters: {known})", "model")
         ids = list(prompt_ids)
         if not ids:
             raise RequestError("the prompt is empty", "prompt")
@@ -356,11 +357,15 @@ class Engine:
 
     def stats(self) -> dict[str, int]:
         """`kv_pages_total`, `kv_pages_in_use` (held by requests; cached-only pages not
-        counted), `kv_pages_cached`, `requests_running`, `requests_waiting`."""
-        return {"kv_pages_total": self.pages.num_pages, "kv_pages_in_use": self.pages.num_in_use,
-                "kv_pages_cached": self.pages.num_cached,
-                "requests_running": self.scheduler.num_running,
-                "requests_waiting": self.scheduler.num_waiting}  # fmt: skip
+        counted), `kv_pages_cached`, `requests_running`, `requests_waiting`, and with LoRA
+        slots `lora_loads` (adapters written into a slot so far)."""
+        out = {"kv_pages_total": self.pages.num_pages, "kv_pages_in_use": self.pages.num_in_use,
+               "kv_pages_cached": self.pages.num_cached,
+               "requests_running": self.scheduler.num_running,
+               "requests_waiting": self.scheduler.num_waiting}  # fmt: skip
+        if self.adapters is not None:
+            out["lora_loads"] = self.adapters.loads
+        return out
 
     @property
     def preemptions(self) -> int:
@@ -418,8 +423,11 @@ class Engine:
         """Builds the step's inputs and runs `decode` or the right `mixed@T`."""
         r, p = self.max_batch_size, self.runner.pages_per_seq
         entries, active = {}, np.zeros(r, np.bool_)
+        lora = np.full(r, -1, np.int32) if self.adapters is not None else None
         for it in plan.items:
             req = it.request
+            if lora is not None:
+                lora[it.slot] = req.lora_slot
             if self._slot_owner.get(it.slot) != req.request_id:
                 self._slot_owner[it.slot] = req.request_id
                 pr = req.params
@@ -451,7 +459,7 @@ class Engine:
                 tok[it.slot] = it.request.all_ids[it.start]
                 pos[it.slot] = it.start
             dec_tables = np.where(active[:, None], tables[:r], 0).astype(np.int32)
-            return self.runner.decode(tok, pos, dec_tables, slots, active)
+            return self.runner.decode(tok, pos, dec_tables, slots, active, lora)
         self.stats_steps["mixed"] += 1
         by_slot = {it.slot: it for it in plan.items}
         cached = np.zeros(r + 1, np.int32)
@@ -471,14 +479,16 @@ class Engine:
         if total:
             tokens[:total] = np.concatenate([np.asarray(x, np.int32) for x in pieces])
         cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
-        return self.runner.mixed(tokens, cu, tables, cached, slots, active)
+        return self.runner.mixed(tokens, cu, tables, cached, slots, active, lora)
 
     # -- offline --------------------------------------------------------------------------------
 
     def generate(self, prompts: Sequence[Sequence[int]],
                  params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 adapters: str | Sequence[str | None] | None = None,
                  ) -> list[CompletionOutput]:  # fmt: skip
-        """Runs every prompt to completion (continuous batching); returns their outputs in
+        """Runs every prompt to completion (continuous batching), each with its LoRA adapter
+        (`adapters`: one name or None for all, or one per prompt); returns their outputs in
         prompt order.
 
         Raises:
@@ -488,10 +498,14 @@ class Engine:
             params = [params or SamplingParams()] * len(prompts)
         if len(params) != len(prompts):
             raise RequestError(f"{len(params)} SamplingParams for {len(prompts)} prompts")
+        if adapters is None or isinstance(adapters, str):
+            adapters = [adapters] * len(prompts)
+        if len(adapters) != len(prompts):
+            raise RequestError(f"{len(adapters)} adapters for {len(prompts)} prompts", "model")
         ids = []
         try:
-            for p, sp in zip(prompts, params, strict=True):
-                ids.append(self.add_request(p, sp))
+            for p, sp, a in zip(prompts, params, adapters, strict=True):
+                ids.append(self.add_request(p, sp, adapter=a))
         except RequestError:
             for rid in ids:
                 self.abort(rid)

@@ -17,7 +17,10 @@ the mix of requests):
 
 Both take and return the arena, the caches and the penalty state donated, so they stay in
 place; the step's inputs are small host arrays (tokens, positions, block tables, per-slot
-sampling parameters) and its outputs the sampled tokens and their logprobs.
+sampling parameters) and its outputs the sampled tokens and their logprobs. For a model with
+LoRA slots (`load_pretrained(max_lora_rank=..., max_loras=...)`) both take one more input last,
+each row's adapter slot (`int32[R]` / `int32[R + 1]`, -1: the base model); adapters are loaded
+into the slots between steps (`load_adapter`) without recompiling.
 """
 
 from __future__ import annotations
@@ -39,21 +42,24 @@ from jaxarena.engine.sampling import (
     sample,
     slot_params,
 )
+from jaxarena.models.lora import set_slot
 from jaxarena.testing import count_traces
 
 __all__ = ["Runner", "StepOutput", "abstract_inputs", "penalty_state", "step_functions"]
 
 
-def _decode(model, params, arena, caches, pen, tokens, positions, tables, slots, active):
+def _decode(model, params, arena, caches, pen, tokens, positions, tables, slots, active,
+            lora_slots=None):  # fmt: skip
     arena, caches, logits, _ = model.decode_step(params, arena, caches, tokens, positions,
-                                                 tables, positions + 1)  # fmt: skip
+                                                 tables, positions + 1, lora_slots)  # fmt: skip
     tok, lp, top_ids, top_lp = sample(logits, slots, pen)
     return arena, caches, record_tokens(pen, active, tok), tok, lp, top_ids, top_lp
 
 
-def _mixed(model, params, arena, caches, pen, tokens, cu_seqlens, tables, cached, slots, active):
+def _mixed(model, params, arena, caches, pen, tokens, cu_seqlens, tables, cached, slots, active,
+           lora_slots=None):  # fmt: skip
     arena, caches, logits = model.prefill(params, arena, caches, tokens, cu_seqlens, tables,
-                                          cached)  # fmt: skip
+                                          cached, lora_slots)  # fmt: skip
     logits = logits[: active.shape[0]]  # the slots' rows; the padding sequence's is dropped
     tok, lp, top_ids, top_lp = sample(logits, slots, pen)
     return arena, caches, record_tokens(pen, active, tok), tok, lp, top_ids, top_lp
@@ -70,19 +76,21 @@ def step_functions(model: Any, token_buckets: tuple[int, ...]) -> dict[str, Call
     return out
 
 
-def abstract_inputs(model: Any, name: str) -> tuple[Any, ...]:
+def abstract_inputs(model: Any, name: str, *, lora: bool = False) -> tuple[Any, ...]:
     """The `jax.ShapeDtypeStruct`s of executable `name`'s inputs after the penalty state
-    (see `step_functions`), for `model` (an `ArenaLM`)."""
+    (see `step_functions`), for `model` (an `ArenaLM`); `lora`: with the rows' adapter slots."""
     i32, sds = jnp.int32, jax.ShapeDtypeStruct
     r = model.max_batch_size
     p = model.pages_per_seq
     slots = jax.tree.map(lambda a: sds(a.shape, a.dtype), slot_params(r, {}))
     active = sds((r,), jnp.bool_)
     if name == "decode":
-        return (sds((r,), i32), sds((r,), i32), sds((r, p), i32), slots, active)
+        out = (sds((r,), i32), sds((r,), i32), sds((r, p), i32), slots, active)
+        return out + ((sds((r,), i32),) if lora else ())
     t = int(name.split("@")[1])
     s = r + 1
-    return (sds((t,), i32), sds((s + 1,), i32), sds((s, p), i32), sds((s,), i32), slots, active)
+    out = (sds((t,), i32), sds((s + 1,), i32), sds((s, p), i32), sds((s,), i32), slots, active)
+    return out + ((sds((s,), i32),) if lora else ())
 
 
 def penalty_state(model: Any) -> PenaltyState:
@@ -129,6 +137,7 @@ class Runner:
         self.token_buckets = tuple(token_buckets)
         self.log = log
         self.pen = penalty_state(m)
+        self.lora = lm.lora is not None
         self.compile_seconds: dict[str, float] = {}
         self.counters: dict[str, Any] = {}
         self._exe: dict[str, Any] = {}
@@ -154,7 +163,7 @@ class Runner:
         """Compiles every executable (`decode`, `mixed@T` per token bucket)."""
         self.log(f"compiling {1 + len(self.token_buckets)} executables")
         for name, fn in step_functions(self.model, self.token_buckets).items():
-            self._compile(name, fn, abstract_inputs(self.model, name))
+            self._compile(name, fn, abstract_inputs(self.model, name, lora=self.lora))
 
     @property
     def executables(self) -> tuple[str, ...]:
@@ -183,18 +192,40 @@ class Runner:
         self.runs[name] = self.runs.get(name, 0) + 1
         return StepOutput(*out[3:])
 
+    def _lora(self, lora_slots: np.ndarray | None, rows: int) -> tuple[Any, ...]:
+        if not self.lora:
+            if lora_slots is not None and (np.asarray(lora_slots) >= 0).any():
+                raise ValueError("adapter slots given, but the model has no LoRA slots")
+            return ()
+        if lora_slots is None:
+            return (np.full(rows, -1, np.int32),)
+        out = np.full(rows, -1, np.int32)
+        out[: len(lora_slots)] = lora_slots
+        return (out,)
+
     def decode(self, tokens: np.ndarray, positions: np.ndarray, tables: np.ndarray,
-               slots: SlotParams, active: np.ndarray) -> StepOutput:  # fmt: skip
+               slots: SlotParams, active: np.ndarray,
+               lora_slots: np.ndarray | None = None) -> StepOutput:  # fmt: skip
         """One decode step over every slot row (`int32[R]` tokens and positions, `int32[R,
-        pages_per_seq]` tables, `bool[R]` rows whose token counts for the penalties)."""
-        return self._call("decode", tokens, positions, tables, slots, active)
+        pages_per_seq]` tables, `bool[R]` rows whose token counts for the penalties, `int32[R]`
+        adapter slots: None or -1, the base model)."""
+        return self._call("decode", tokens, positions, tables, slots, active,
+                          *self._lora(lora_slots, self.slots))  # fmt: skip
 
     def mixed(self, tokens: np.ndarray, cu_seqlens: np.ndarray, tables: np.ndarray,
-              cached: np.ndarray, slots: SlotParams, active: np.ndarray) -> StepOutput:  # fmt: skip
+              cached: np.ndarray, slots: SlotParams, active: np.ndarray,
+              lora_slots: np.ndarray | None = None) -> StepOutput:  # fmt: skip
         """One mixed pass: `tokens int32[T]` (T a bucket), `cu_seqlens int32[R + 2]`, `tables
-        int32[R + 1, pages_per_seq]`, `cached int32[R + 1]` (see the module docstring)."""
+        int32[R + 1, pages_per_seq]`, `cached int32[R + 1]` (see the module docstring), the
+        slots' adapter slots `int32[R]` (the padding sequence runs the base model)."""
         return self._call(f"mixed@{tokens.shape[0]}", tokens, cu_seqlens, tables, cached, slots,
-                          active)  # fmt: skip
+                          active, *self._lora(lora_slots, self.slots + 1))  # fmt: skip
+
+    def load_adapter(self, slot: int, adapter: Any) -> None:
+        """Writes an adapter (`jaxarena.models.lora.read_adapter`'s tables; None: empty) into
+        LoRA slot `slot` of the model's parameters: one jitted update, no recompile."""
+        lm = self.lm
+        lm.params = set_slot(lm.params, lm.lora, slot, adapter)
 
     def reset_slot(self, slot: int, prompt_ids: list[int], output_ids: list[int]) -> None:
         """Sets slot `slot`'s penalty rows to a request's prompt tokens and output counts (a

@@ -21,6 +21,13 @@ its computed tokens forgotten, its output kept, back to the FRONT of the queue, 
 later) and the allocation retried; if it was itself the victim, it waits. The oldest running
 request is never preempted while another runs, and a lone request always fits (`add` rejects
 one that could not), so every request finishes.
+
+LoRA (`adapters`, an `AdapterSlots`): a request naming an adapter is admitted only with its
+adapter in a device slot (`AdapterSlots.acquire`, which may load it into a free slot); when
+every slot is held by running requests of other adapters it is passed over, keeping its place
+at the head of the queue, and the requests behind it may be admitted (as vLLM does: blocking
+the queue would idle the batch until an adapter's requests drain). Its slot is released when
+it finishes or is preempted.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import dataclasses
 import enum
 import heapq
 
+from jaxarena.engine.adapters import AdapterSlots
 from jaxarena.engine.pages import BlockManager
 from jaxarena.engine.types import RequestError, SamplingParams
 
@@ -67,6 +75,9 @@ class Request:
       arrival: its index in the order requests were added (set by `Scheduler.add`).
       extra_key: mixed into the prefix-cache hashes (e.g. an adapter name: the same tokens
         under another adapter are another KV); None for the base model.
+      adapter: the LoRA adapter it runs with (a name the scheduler's `adapters` know), or
+        None for the base model.
+      lora_slot: the adapter's device slot while RUNNING (-1: none).
     """
 
     request_id: str
@@ -81,6 +92,8 @@ class Request:
     num_preemptions: int = 0
     arrival: int = -1
     extra_key: str | None = None
+    adapter: str | None = None
+    lora_slot: int = -1
 
     @property
     def all_ids(self) -> list[int]:
@@ -161,6 +174,7 @@ class Scheduler:
       max_seq_len: most tokens (prompt + output) of one request.
       page_size: tokens per page.
       prefix_caching: reuse cached full pages of a prompt's prefix (attention-only models).
+      adapters: the LoRA adapter slots (None: no request may name an adapter).
 
     Attributes `num_preemptions`, `prefix_query_tokens` and `prefix_hit_tokens` count, over
     the scheduler's life, the preemptions and the admitted tokens looked up in and found in
@@ -168,7 +182,8 @@ class Scheduler:
     """
 
     def __init__(self, pages: BlockManager, *, max_batch_size: int, max_batch_tokens: int,
-                 max_seq_len: int, page_size: int, prefix_caching: bool) -> None:  # fmt: skip
+                 max_seq_len: int, page_size: int, prefix_caching: bool,
+                 adapters: AdapterSlots | None = None) -> None:  # fmt: skip
         self.max_batch_size = _positive("max_batch_size", max_batch_size)
         self.max_batch_tokens = _positive("max_batch_tokens", max_batch_tokens)
         self.max_seq_len = _positive("max_seq_len", max_seq_len)
@@ -184,6 +199,7 @@ class Scheduler:
                              f"is {pages.prefix_caching}")  # fmt: skip
         self.pages = pages
         self.prefix_caching = bool(prefix_caching)
+        self.adapters = adapters
         self._waiting: collections.deque[Request] = collections.deque()
         self._running: list[Request] = []  # admission order
         self._free_slots = list(range(max_batch_size))  # a heap: the lowest free slot first
@@ -236,6 +252,8 @@ class Scheduler:
         n = len(req.prompt_ids)
         if rid in self._live:
             raise RequestError(f"request_id={rid!r} is already in use", "request_id")
+        if req.adapter is not None and (self.adapters is None or req.adapter not in self.adapters):
+            raise RequestError(f"request {rid!r}: no LoRA adapter named {req.adapter!r}", "model")
         if n == 0:
             raise RequestError(f"request {rid!r}: the prompt is empty", "prompt")
         if n + 1 > self.max_seq_len:
@@ -299,16 +317,27 @@ class Scheduler:
             budget -= n
             i += 1
 
+        passed: list[Request] = []  # waiting for an adapter slot: they keep their places
         while not preempted and self._waiting and budget > 0 and self._free_slots:
             req = self._waiting[0]
+            lora = -1
+            if req.adapter is not None:
+                got = self.adapters.acquire(req.adapter)
+                if got is None:
+                    passed.append(self._waiting.popleft())
+                    continue
+                lora = got
             hit = []
             if self.prefix_caching:
                 hit = self.pages.match_prefix(req.all_ids, req.extra_key)
             start = len(hit) * self.page_size
             n = min(req.num_tokens - start, budget)
             if not self.pages.allocate(req.request_id, start + n, prefix_pages=hit):
+                if req.adapter is not None:
+                    self.adapters.release(req.adapter)
                 break
             self._waiting.popleft()
+            req.lora_slot = lora
             if self.prefix_caching:
                 self.prefix_query_tokens += req.num_tokens
                 self.prefix_hit_tokens += start
@@ -318,12 +347,14 @@ class Scheduler:
             self._running.append(req)
             items.append(Item(req, req.slot, start, n))
             budget -= n
+        self._waiting.extendleft(reversed(passed))
         return StepPlan(items, preempted)
 
     def _preempt(self, req: Request) -> None:
         self._running.remove(req)
         self.pages.free(req.request_id)
         heapq.heappush(self._free_slots, req.slot)
+        self._release_adapter(req)
         req.slot = None
         req.num_computed = 0
         req.status = WAITING
@@ -375,7 +406,13 @@ class Scheduler:
         self.pages.free(req.request_id)
         if req.slot is not None:
             heapq.heappush(self._free_slots, req.slot)
+            self._release_adapter(req)
         req.slot = None
         req.status = FINISHED
         req.finish_reason = reason
         del self._live[req.request_id]
+
+    def _release_adapter(self, req: Request) -> None:
+        if req.adapter is not None and req.lora_slot >= 0:
+            self.adapters.release(req.adapter)
+        req.lora_slot = -1

@@ -34,7 +34,7 @@ from jaxarena.models.blocks.attention import Attention
 from jaxarena.models.blocks.mlp import MLP
 from jaxarena.models.checkpoint import Checkpoint, CheckpointError, _File
 
-__all__ = ["LoraError", "LoraLayout", "lora_layout", "read_adapter", "set_slot"]
+__all__ = ["LoraError", "LoraLayout", "adapter_rank", "lora_layout", "read_adapter", "set_slot"]
 
 ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
@@ -113,6 +113,32 @@ def _pattern(patterns: dict[str, Any], name: str, default: Any) -> Any:
     return default
 
 
+def _read_config(root: Path) -> dict[str, Any]:
+    cfg_path = root / "adapter_config.json"
+    try:
+        cfg = json.loads(cfg_path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise LoraError(f"{cfg_path}: cannot read the adapter config ({e})") from e
+    if not isinstance(cfg, dict):
+        raise LoraError(f"{cfg_path}: not a JSON object")
+    return cfg
+
+
+def adapter_rank(path: str | Path) -> int:
+    """The largest rank of the PEFT adapter at `path` (`r` and `rank_pattern`'s values), from
+    its `adapter_config.json` alone: what `max_lora_rank` must be at least.
+
+    Raises:
+      LoraError: the config is missing, unreadable, or has no positive integer rank.
+    """
+    cfg_path = Path(path) / "adapter_config.json"
+    cfg = _read_config(Path(path))
+    ranks = [cfg.get("r", 8), *(cfg.get("rank_pattern") or {}).values()]
+    if not all(isinstance(r, int) and not isinstance(r, bool) and r >= 1 for r in ranks):
+        raise LoraError(f"{cfg_path}: ranks {ranks} must be integers >= 1")
+    return max(ranks)
+
+
 def read_adapter(path: str | Path, layout: LoraLayout) -> dict[int, dict[str, dict[str, Any]]]:
     """One adapter's host tables (`lora_tables`' structure with one slot: `a [R, in]`,
     `b [out, R]`, `scale` scalar), checked against `layout`.
@@ -123,10 +149,7 @@ def read_adapter(path: str | Path, layout: LoraLayout) -> dict[int, dict[str, di
     """
     root = Path(path)
     cfg_path, st_path = root / "adapter_config.json", root / "adapter_model.safetensors"
-    try:
-        cfg = json.loads(cfg_path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise LoraError(f"{cfg_path}: cannot read the adapter config ({e})") from e
+    cfg = _read_config(root)
     if not st_path.is_file():
         raise LoraError(f"{st_path}: missing (an adapter is adapter_config.json plus "
                         "adapter_model.safetensors, as peft's save_pretrained writes)")  # fmt: skip

@@ -71,6 +71,12 @@ class ServerState:
         """The engine's longest sequence (prompt + output)."""
         return self.engine.engine.max_seq_len
 
+    @property
+    def adapters(self) -> tuple[str, ...]:
+        """The LoRA adapters a request may name as its `model`."""
+        slots = getattr(self.engine.engine, "adapters", None)
+        return slots.names if slots is not None else ()
+
 
 def create_app(engine: Any, tokenizer: ServerTokenizer, *, model_name: str,
                shutdown_timeout: float = 30.0) -> FastAPI:  # fmt: skip
@@ -130,19 +136,22 @@ def create_app(engine: Any, tokenizer: ServerTokenizer, *, model_name: str,
     async def models() -> dict[str, Any]:
         card = {"id": model_name, "object": "model", "created": state.created,
                 "owned_by": "jaxarena", "max_model_len": state.max_seq_len}  # fmt: skip
-        return {"object": "list", "data": [card]}
+        # A LoRA adapter is a model of its own whose parent is the base model (as vLLM lists).
+        cards = [card] + [{**card, "id": a, "parent": model_name} for a in state.adapters]
+        return {"object": "list", "data": cards}
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
-        _admit(state, body.model)
+        adapter = _admit(state, body.model)
         body.check()
         stop = body.stop_strings()
         prompts = [_prompt_ids(state, p, "prompt") for p in body.prompts()]
         max_tokens = COMPLETION_MAX_TOKENS if body.max_tokens is None else body.max_tokens
         params = body.sampling_params(max_tokens, body.logprobs)
-        runs = _submit(state, prompts, params, stop)
+        runs = _submit(state, prompts, params, stop, adapter)
         rid, created = new_id("cmpl"), now()
-        head = {"id": rid, "object": "text_completion", "created": created, "model": model_name}
+        head = {"id": rid, "object": "text_completion", "created": created,
+                "model": adapter or model_name}  # fmt: skip
         want_lp = body.logprobs is not None
         tok = state.tokenizer
 
@@ -175,7 +184,7 @@ def create_app(engine: Any, tokenizer: ServerTokenizer, *, model_name: str,
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
-        _admit(state, body.model)
+        adapter = _admit(state, body.model)
         body.check()
         stop = body.stop_strings()
         messages = [m.for_template() for m in body.messages]
@@ -187,10 +196,10 @@ def create_app(engine: Any, tokenizer: ServerTokenizer, *, model_name: str,
         if max_tokens is None:
             max_tokens = state.max_seq_len - len(ids)
         params = body.sampling_params(max_tokens, body.num_logprobs())
-        runs = _submit(state, [ids], params, stop)
+        runs = _submit(state, [ids], params, stop, adapter)
         rid, created = new_id("chatcmpl"), now()
         head = {"id": rid, "object": "chat.completion.chunk", "created": created,
-                "model": model_name}  # fmt: skip
+                "model": adapter or model_name}  # fmt: skip
         tok = state.tokenizer
 
         if body.stream:
@@ -225,12 +234,17 @@ def create_app(engine: Any, tokenizer: ServerTokenizer, *, model_name: str,
     return app
 
 
-def _admit(state: ServerState, model: str | None) -> None:
+def _admit(state: ServerState, model: str | None) -> str | None:
+    """The LoRA adapter the request's `model` names (None: the base model); 404 for a name
+    the server does not serve, 503 while it shuts down."""
     if state.draining:
         raise _HTTPError(503, "the server is shutting down")
-    if model is not None and model != state.model_name:
-        raise _HTTPError(404, f"model {model!r} does not exist; this server serves "
-                         f"{state.model_name!r}", "model")  # fmt: skip
+    if model is None or model == state.model_name:
+        return None
+    if model in state.adapters:
+        return model
+    served = [state.model_name, *state.adapters]
+    raise _HTTPError(404, f"model {model!r} does not exist; this server serves {served}", "model")
 
 
 def _check_length(state: ServerState, ids: Sequence[int], param: str) -> None:
@@ -256,14 +270,15 @@ def _prompt_ids(state: ServerState, prompt: str | list[int], param: str) -> list
     return ids
 
 
-def _submit(state: ServerState, prompts: list[list[int]], params: Any,
-            stop: tuple[str, ...]) -> list[ChoiceRun]:  # fmt: skip
-    """Submits every prompt (all or none: a refused one aborts those already in)."""
+def _submit(state: ServerState, prompts: list[list[int]], params: Any, stop: tuple[str, ...],
+            adapter: str | None = None) -> list[ChoiceRun]:  # fmt: skip
+    """Submits every prompt with LoRA adapter `adapter` (None: the base model); all or none:
+    a refused one aborts those already in."""
     arrival = time.monotonic()
     runs: list[ChoiceRun] = []
     try:
         for i, ids in enumerate(prompts):
-            stream = state.engine.submit(ids, params)
+            stream = state.engine.submit(ids, params, adapter=adapter)
             runs.append(ChoiceRun(i, stream, state.tokenizer, ids, stop, state.metrics, arrival))
     except RequestError as e:
         for r in runs:

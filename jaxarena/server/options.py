@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["add_serve_parser", "cmd_serve"]
+__all__ = ["add_serve_parser", "cmd_serve", "parse_loras"]
 
 
 def add_serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -37,6 +37,14 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
                       help="the page pool's size in pages, instead of --memory")  # fmt: skip
     s.add_argument("--target", default=None, metavar="NAME",
                    help="hardware target of the budget (default: the device's)")  # fmt: skip
+    s.add_argument("--lora", action="append", default=[], metavar="NAME=PATH",
+                   help="a PEFT LoRA adapter served as model NAME (repeatable); requests "
+                   "name it in their `model` field")  # fmt: skip
+    s.add_argument("--max-lora-rank", type=int, default=None, metavar="R",
+                   help="the adapter slots' rank (default: the largest --lora rank)")  # fmt: skip
+    s.add_argument("--max-loras", type=int, default=None, metavar="N",
+                   help="adapters on the device at once; more are loaded on demand, the least "
+                   "recently used evicted (default: min(#--lora, --max-batch-size))")  # fmt: skip
     s.set_defaults(func=cmd_serve)
     return s
 
@@ -47,13 +55,28 @@ def cmd_serve(args: argparse.Namespace, error: type[Exception] = RuntimeError) -
     if not 0 <= args.port <= 65535:
         raise error(f"--port {args.port} is outside 0..65535")
     for flag in ("max_batch_size", "max_seq_len", "max_batch_tokens", "kv_block_size",
-                 "kv_pages"):  # fmt: skip
-        value = getattr(args, flag)
+                 "kv_pages", "max_lora_rank", "max_loras"):  # fmt: skip
+        value = getattr(args, flag, None)
         if value is not None and value < 1:
             raise error(f"--{flag.replace('_', '-')} {value} must be >= 1")
+    args.loras = parse_loras(getattr(args, "lora", []), error)
     try:
         from jaxarena.server.run import serve
     except ImportError as e:
         raise error(f"jaxarena serve needs the serve extra (pip install 'jaxarena[serve]'): "
                     f"{e}") from None  # fmt: skip
     return serve(args, error)
+
+
+def parse_loras(items: list[str], error: type[Exception] = ValueError) -> dict[str, str]:
+    """`--lora NAME=PATH` options as `{NAME: PATH}`; a malformed or repeated NAME raises
+    `error` naming it."""
+    out: dict[str, str] = {}
+    for item in items:
+        name, eq, path = item.partition("=")
+        if not eq or not name or not path:
+            raise error(f"--lora {item!r} must be NAME=PATH (a PEFT adapter directory)")
+        if name in out:
+            raise error(f"--lora {name!r} is given twice")
+        out[name] = path
+    return out

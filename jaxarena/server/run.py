@@ -82,6 +82,9 @@ def load_engine(args: argparse.Namespace, memory: int | None, log: Callable[[str
         args.path, max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len,
         max_batch_tokens=args.max_batch_tokens, kv_block_size=args.kv_block_size,
         memory=memory, kv_pages=args.kv_pages, target=args.target, log=log,
+        loras=getattr(args, "loras", None) or None,
+        max_lora_rank=getattr(args, "max_lora_rank", None),
+        max_loras=getattr(args, "max_loras", None),
     )  # fmt: skip
     return AsyncEngine(engine)
 

@@ -186,9 +186,11 @@ class FakeAsyncEngine:
                         self._streams.pop(e.request_id, None)
             time.sleep(self.step_s)
 
-    def submit(self, prompt_ids, params, request_id=None) -> FakeStream:
+    def submit(self, prompt_ids, params, request_id=None, adapter=None) -> FakeStream:
         if not self._admitting:
             raise RequestError("server is shutting down")
+        if adapter is not None:
+            raise RequestError(f"the fake engine has no adapter {adapter!r}", "model")
         rid = self.engine.add_request(prompt_ids, params, request_id)
         stream = FakeStream(self, rid)
         self._streams[rid] = stream

@@ -98,7 +98,7 @@ def grouped_paged_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array
         return x if s is None else x * s[None, None, :, None]
 
     def body(j, carry):
-        m, l, acc = carry
+        m, den, acc = carry
         pages = jax.lax.dynamic_slice_in_dim(tables, j * ppb, ppb, axis=1)
         t = j * kbt + jnp.arange(kbt, dtype=jnp.int32)
         k = gather(k_cache, pages, ks, d)
@@ -115,9 +115,9 @@ def grouped_paged_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array
         m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
         alpha = jnp.exp(m - m_safe)
         p = jnp.exp(x - m_safe[..., None])
-        l = l * alpha + jnp.sum(p, axis=-1)
+        den = den * alpha + jnp.sum(p, axis=-1)
         acc = acc * alpha[..., None] + jnp.einsum("gckxt,gtkd->gckxd", p, v)
-        return m_new, l, acc
+        return m_new, den, acc
 
     shape = (g, c, hkv, grp)
     if sinks is None:
@@ -126,10 +126,10 @@ def grouped_paged_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array
         m0 = jnp.broadcast_to(jnp.asarray(sinks, F32).reshape(hkv, grp), shape)
         l0 = jnp.ones(shape, F32)
     acc0 = jnp.zeros((*shape, dv), F32)
-    m, l, acc = jax.lax.fori_loop(first, last, body, (m0, l0, acc0))
+    m, den, acc = jax.lax.fori_loop(first, last, body, (m0, l0, acc0))
     del m
-    ok = (l > 0) & valid[:, :, None, None]
-    out = jnp.where(ok[..., None], acc / jnp.where(ok, l, 1.0)[..., None], 0.0)
+    ok = (den > 0) & valid[:, :, None, None]
+    out = jnp.where(ok[..., None], acc / jnp.where(ok, den, 1.0)[..., None], 0.0)
     return out.reshape(g, c, hq, dv)
 
 
