@@ -6,9 +6,11 @@
 Qwen3-0.6B widths (random weights: shapes only). For the decode step (`--batch` rows) and a
 one-pass prefill (`--tokens`), compiles the step without LoRA tables and with them (every
 attention q/k/v/o and MLP gate/up/down module, `--slots` slots of rank `--rank`; the slots are
-data, so one executable serves batches with and without adapters) and prints the launches
-(`launches_static`: both branches of every `lax.cond` once; a batch without adapters runs the
-false branches only, a pass-through), the XLA temp and the spills.
+data) and prints the launches (`launches_static`: both branches of every `lax.cond` once),
+the XLA temp and the spills; for the step with tables and slots, what a batch without adapters
+would run in it (the conditionals' pass-through branches). Third, `plain`: the tables without
+the slots argument, the form the engine runs for a batch that names no adapter
+(`jaxarena.engine.runner`: `decode` beside `decode+lora`), which should cost what `base` does.
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ def costs(*, layers: int, rank: int, slots: int, batch: int, tokens: int, target
         caches = abstract_caches(m, num_blocks=rows * per, rows=rows)
         tables = S((rows, per), I32)
         v = S((batch,), I32)
-        for name, params in (("base", base), ("lora", lora)):
+        for name, params in (("base", base), ("lora", lora), ("plain", lora)):
             extra = (S((rows if mode == "prefill" else batch,), I32),) if name == "lora" else ()
             if mode == "decode":
                 fn, args = m.decode_step, (v, v, tables, v, *extra)

@@ -17,10 +17,15 @@ the mix of requests):
 
 Both take and return the arena, the caches and the penalty state donated, so they stay in
 place; the step's inputs are small host arrays (tokens, positions, block tables, per-slot
-sampling parameters) and its outputs the sampled tokens and their logprobs. For a model with
-LoRA slots (`load_pretrained(max_lora_rank=..., max_loras=...)`) both take one more input last,
-each row's adapter slot (`int32[R]` / `int32[R + 1]`, -1: the base model); adapters are loaded
-into the slots between steps (`load_adapter`) without recompiling.
+sampling parameters) and its outputs the sampled tokens and their logprobs.
+
+For a model with LoRA slots (`load_pretrained(max_lora_rank=..., max_loras=...)`) every
+executable has a second form, `decode+lora` and `mixed@T+lora`, taking one more input last:
+each row's adapter slot (`int32[R]` / `int32[R + 1]`, -1: the base model). A step runs that
+form only when one of its rows names an adapter (the host knows); a step without one runs the
+plain form, the base model's step to the launch, so serving LoRA costs a batch without
+adapters nothing on the device (at twice the compiles). Adapters are loaded into the slots
+between steps (`load_adapter`) without recompiling.
 """
 
 from __future__ import annotations
@@ -65,20 +70,29 @@ def _mixed(model, params, arena, caches, pen, tokens, cu_seqlens, tables, cached
     return arena, caches, record_tokens(pen, active, tok), tok, lp, top_ids, top_lp
 
 
-def step_functions(model: Any, token_buckets: tuple[int, ...]) -> dict[str, Callable]:
+LORA = "+lora"  # the suffix of the executables that take the rows' adapter slots
+
+
+def step_functions(model: Any, token_buckets: tuple[int, ...], *,
+                   lora: bool = False) -> dict[str, Callable]:  # fmt: skip
     """The engine's executables for `model` (an `ArenaLM`) by name: `"decode"` and
-    `"mixed@T"` per token bucket, each `fn(params, arena, caches, penalty_state, *inputs)`
-    returning `(arena, caches, penalty_state, tokens, logprob, top_ids, top_logprobs)`; jit
-    them with arguments 1-3 donated (`abstract_inputs` gives the inputs' shapes)."""
+    `"mixed@T"` per token bucket (and with `lora` each again as `name + "+lora"`, taking the
+    rows' adapter slots), each `fn(params, arena, caches, penalty_state, *inputs)` returning
+    `(arena, caches, penalty_state, tokens, logprob, top_ids, top_logprobs)`; jit them with
+    arguments 1-3 donated (`abstract_inputs` gives the inputs' shapes)."""
     out = {"decode": functools.partial(_decode, model)}
     for t in token_buckets:
         out[f"mixed@{t}"] = functools.partial(_mixed, model)
+    if lora:
+        out.update({name + LORA: fn for name, fn in out.items()})
     return out
 
 
-def abstract_inputs(model: Any, name: str, *, lora: bool = False) -> tuple[Any, ...]:
+def abstract_inputs(model: Any, name: str) -> tuple[Any, ...]:
     """The `jax.ShapeDtypeStruct`s of executable `name`'s inputs after the penalty state
-    (see `step_functions`), for `model` (an `ArenaLM`); `lora`: with the rows' adapter slots."""
+    (see `step_functions`), for `model` (an `ArenaLM`)."""
+    lora = name.endswith(LORA)
+    name = name.removesuffix(LORA)
     i32, sds = jnp.int32, jax.ShapeDtypeStruct
     r = model.max_batch_size
     p = model.pages_per_seq
@@ -161,9 +175,10 @@ class Runner:
 
     def warm_up(self) -> None:
         """Compiles every executable (`decode`, `mixed@T` per token bucket)."""
-        self.log(f"compiling {1 + len(self.token_buckets)} executables")
-        for name, fn in step_functions(self.model, self.token_buckets).items():
-            self._compile(name, fn, abstract_inputs(self.model, name, lora=self.lora))
+        fns = step_functions(self.model, self.token_buckets, lora=self.lora)
+        self.log(f"compiling {len(fns)} executables")
+        for name, fn in fns.items():
+            self._compile(name, fn, abstract_inputs(self.model, name))
 
     @property
     def executables(self) -> tuple[str, ...]:
@@ -192,16 +207,16 @@ class Runner:
         self.runs[name] = self.runs.get(name, 0) + 1
         return StepOutput(*out[3:])
 
-    def _lora(self, lora_slots: np.ndarray | None, rows: int) -> tuple[Any, ...]:
+    def _lora(self, name: str, lora_slots: np.ndarray | None, rows: int) -> tuple[str, tuple]:
+        """The executable to run and its extra input: the plain form unless a row has an
+        adapter slot."""
+        if lora_slots is None or not (np.asarray(lora_slots) >= 0).any():
+            return name, ()
         if not self.lora:
-            if lora_slots is not None and (np.asarray(lora_slots) >= 0).any():
-                raise ValueError("adapter slots given, but the model has no LoRA slots")
-            return ()
-        if lora_slots is None:
-            return (np.full(rows, -1, np.int32),)
+            raise ValueError("adapter slots given, but the model has no LoRA slots")
         out = np.full(rows, -1, np.int32)
         out[: len(lora_slots)] = lora_slots
-        return (out,)
+        return name + LORA, (out,)
 
     def decode(self, tokens: np.ndarray, positions: np.ndarray, tables: np.ndarray,
                slots: SlotParams, active: np.ndarray,
@@ -209,8 +224,8 @@ class Runner:
         """One decode step over every slot row (`int32[R]` tokens and positions, `int32[R,
         pages_per_seq]` tables, `bool[R]` rows whose token counts for the penalties, `int32[R]`
         adapter slots: None or -1, the base model)."""
-        return self._call("decode", tokens, positions, tables, slots, active,
-                          *self._lora(lora_slots, self.slots))  # fmt: skip
+        name, extra = self._lora("decode", lora_slots, self.slots)
+        return self._call(name, tokens, positions, tables, slots, active, *extra)
 
     def mixed(self, tokens: np.ndarray, cu_seqlens: np.ndarray, tables: np.ndarray,
               cached: np.ndarray, slots: SlotParams, active: np.ndarray,
@@ -218,8 +233,8 @@ class Runner:
         """One mixed pass: `tokens int32[T]` (T a bucket), `cu_seqlens int32[R + 2]`, `tables
         int32[R + 1, pages_per_seq]`, `cached int32[R + 1]` (see the module docstring), the
         slots' adapter slots `int32[R]` (the padding sequence runs the base model)."""
-        return self._call(f"mixed@{tokens.shape[0]}", tokens, cu_seqlens, tables, cached, slots,
-                          active, *self._lora(lora_slots, self.slots + 1))  # fmt: skip
+        name, extra = self._lora(f"mixed@{tokens.shape[0]}", lora_slots, self.slots + 1)
+        return self._call(name, tokens, cu_seqlens, tables, cached, slots, active, *extra)
 
     def load_adapter(self, slot: int, adapter: Any) -> None:
         """Writes an adapter (`jaxarena.models.lora.read_adapter`'s tables; None: empty) into

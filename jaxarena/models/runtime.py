@@ -220,19 +220,23 @@ class CausalLM:
         self.params = set_slot(self.params, self.lora, slot, adapter)
 
     def _lora_args(self, slots: Sequence[int] | None, b: int, rows: int) -> tuple[Any, ...]:
-        """The steps' `lora_slots` argument: each of the `b` sequences' slot (None: all -1)
-        padded with -1 to `rows`; no argument for a model without LoRA slots."""
+        """The steps' `lora_slots` argument: each of the `b` sequences' slot padded with -1
+        to `rows`; no argument (the base model's step, compiled without the LoRA path) when
+        no sequence names an adapter or the model has no LoRA slots."""
         if self.lora is None:
             if slots is not None:
                 raise RequestError("lora_slots given, but the model has no LoRA slots")
             return ()
+        if slots is None:
+            return ()
+        a = np.asarray(slots)
+        if a.shape != (b,) or ((a < -1) | (a >= self.lora.max_loras)).any():
+            raise RequestError(f"lora_slots={list(slots)!r} must give each of the {b} "
+                               f"prompts a slot in [-1, {self.lora.max_loras})")  # fmt: skip
+        if (a < 0).all():
+            return ()
         s = np.full(rows, -1, np.int32)
-        if slots is not None:
-            a = np.asarray(slots)
-            if a.shape != (b,) or ((a < -1) | (a >= self.lora.max_loras)).any():
-                raise RequestError(f"lora_slots={list(slots)!r} must give each of the {b} "
-                                   f"prompts a slot in [-1, {self.lora.max_loras})")  # fmt: skip
-            s[:b] = a
+        s[:b] = a
         return (jnp.asarray(s),)
 
     def _check_ids(self, ids: Any, what: str) -> np.ndarray:

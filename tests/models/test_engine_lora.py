@@ -92,6 +92,15 @@ def test_adapters_and_the_base_model_in_one_batch_with_two_slots(engine, alone):
     assert engine.stats()["lora_loads"] > len(ADAPTERS)
     assert engine.stats()["kv_pages_in_use"] == 0
     assert all(c.count == 1 for c in engine.runner.counters.values())  # no recompile
+    # Steps with an adapter row ran the +lora forms; steps without one the base model's own.
+    runs = engine.runner.runs
+    assert runs.get("decode+lora", 0) > 0 and runs.get("mixed@64+lora", 0) > 0
+    assert "decode" not in runs  # every step of the workload had an adapter row
+    base = [(0, [9, 8, 7], None, 4)]
+    out = engine.generate([base[0][1]], SamplingParams(temperature=0, max_tokens=4,
+                                                        ignore_eos=True))  # fmt: skip
+    assert runs["decode"] == 3 and runs["mixed@64"] == 1  # the plain forms, once compiled
+    assert _check(engine, alone, base, {0: out[0].token_ids}, atol) == 1
 
 
 def test_prefix_cache_is_keyed_by_the_adapter(engine, alone):

@@ -280,8 +280,10 @@ class Attention(Block):
         tabs = lora_tables(p, lora_slots)
         if tabs is not None and "o_proj" in tabs:
             x = get(env.plan, arena, "attn_output", (t, hq_d)) if isinstance(src, str) else src
-            (out,) = lora_add((stored(out),), x, [[tabs["o_proj"]]], lora_slots,
-                              interpret=env.interpret)  # fmt: skip
+            (lo,) = lora_add((stored(out),), x, [[tabs["o_proj"]]], lora_slots,
+                             interpret=env.interpret)  # fmt: skip
+            # The base model's rows keep the unrounded output the step without LoRA gives.
+            out = jnp.where((lora_slots >= 0)[:, None], lo, out)
         return arena, out
 
     def prefill(self, env: Env, params, arena, cache, ctx: StepContext):

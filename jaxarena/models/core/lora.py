@@ -10,9 +10,12 @@ zeros). A step's tokens carry their slot in `StepContext.lora_slots` (-1: the ba
 output as `lora_xa` (bf16), the expand output as `lora_delta` (bf16, inside the kernel), the
 sum as the base output's region. The expand adds into the base output's buffer in place (on
 its column range of a fused output), so the path's only temp is the `[T, r]` shrink output.
-The base GEMM is untouched; each projection group's LoRA path sits in one `lax.cond` on
-"any token has a slot": a step whose batch uses no adapter runs no LoRA kernel, but pays the
-conditionals and their pass-through copies (measured in jaxarena/models/README.md).
+The base GEMM is untouched, and the path runs only in a step that carries slots: the callers
+decide on the host, passing no slots for a batch that uses no adapter (the engine runs its
+plain executables then, `CausalLM` compiles its step without them), so such a batch runs the
+base model's step, launch for launch. (A device-side `lax.cond` on "any token has a slot"
+did that job before: it cost a batch without adapters ~16 launches per layer, its
+pass-through branches' copies and the fusions it split; jaxarena/models/README.md.)
 """
 
 from __future__ import annotations
@@ -21,8 +24,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
-from jax import lax
 
 from jaxarena.models.core.arena import BF16, F32
 from pallas_kernels.lora_bgmv import lora_expand_into, lora_shrink
@@ -62,23 +63,19 @@ def lora_add(ys: Sequence[jax.Array], x: jax.Array, groups: Sequence[Sequence[An
 
     Returns:
       The outputs, `bf16(y + bf16(delta))` in the rows of tokens with an adapter, the other
-      rows unchanged; all unchanged (the same values) when no token of the step has one.
+      rows unchanged.
     """
-
-    def on(ys):
-        out = []
-        for y, group in zip(ys, groups, strict=True):
-            col0 = 0
-            for g in group:
-                if isinstance(g, int):
-                    col0 += g
-                    continue
-                y = _add(y, g, x, slots, col0, interpret)
-                col0 += g["b"].shape[1]
-            out.append(y)
-        return tuple(out)
-
-    # The outputs go through the conditional (and the in-place expand) as bf16, the values
-    # they hold: a GEMM's bf16 output buffer, not a float32 copy of it.
-    out = lax.cond(jnp.any(slots >= 0), on, tuple, tuple(y.astype(BF16) for y in ys))
-    return tuple(y.astype(F32) for y in out)
+    out = []
+    # The outputs go through the in-place expand as bf16, the values they hold: a GEMM's
+    # bf16 output buffer, not a float32 copy of it.
+    for y, group in zip(ys, groups, strict=True):
+        y = y.astype(BF16)
+        col0 = 0
+        for g in group:
+            if isinstance(g, int):
+                col0 += g
+                continue
+            y = _add(y, g, x, slots, col0, interpret)
+            col0 += g["b"].shape[1]
+        out.append(y.astype(F32))
+    return tuple(out)
