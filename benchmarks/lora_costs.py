@@ -7,8 +7,7 @@ Qwen3-0.6B widths (random weights: shapes only). For the decode step (`--batch` 
 one-pass prefill (`--tokens`), compiles the step without LoRA tables and with them (every
 attention q/k/v/o and MLP gate/up/down module, `--slots` slots of rank `--rank`; the slots are
 data) and prints the launches (`launches_static`: both branches of every `lax.cond` once),
-the XLA temp and the spills; for the step with tables and slots, what a batch without adapters
-would run in it (the conditionals' pass-through branches). Third, `plain`: the tables without
+the XLA temp and the spills. Third, `plain`: the tables without
 the slots argument, the form the engine runs for a batch that names no adapter
 (`jaxarena.engine.runner`: `decode` beside `decode+lora`), which should cost what `base` does.
 """
@@ -87,9 +86,9 @@ def costs(*, layers: int, rank: int, slots: int, batch: int, tokens: int, target
             print(f"{mode:8s} {name:5s} launches {c.launches} (static {c.launches_static}) "
                   f"temp {c.temp_bytes / 2**20:8.2f} MiB  max spill {c.max_spill_bytes} B",
                   flush=True)  # fmt: skip
-            if name == "lora":
+            conds = sum(t.kind == "kConditional" for t in c.thunks)
+            if name == "lora" and conds:  # a LoRA path inside conditionals (none today)
                 n, kinds = no_adapter_launches(c.thunks)
-                conds = sum(t.kind == "kConditional" for t in c.thunks)
                 print(f"         without adapters: ~{n} launches ({conds} conditionals, "
                       f"pass-through branches run {kinds})", flush=True)  # fmt: skip
     return out
