@@ -315,12 +315,7 @@ class Engine:
         """
         if not isinstance(params, SamplingParams):
             raise RequestError(f"params must be a SamplingParams, got {type(params).__name__}")
-        if adapter is not None and (self.adapters is None or adapter not in self.adapters):
-            known = list(self.adapters.names) if self.adapters else []
-            raise RequestError(f"no LoRA adapter named {adapter!r} (adapters: {known})", "model")
         ids = list(prompt_ids)
-        if not ids:
-            raise RequestError("the prompt is empty", "prompt")
         for t in ids:
             if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
                 raise RequestError(f"the prompt holds {t!r}, not a token id", "prompt")
@@ -328,19 +323,7 @@ class Engine:
         if bad:
             raise RequestError(f"the prompt has token ids {bad[:5]} outside [0, vocab_size="
                                f"{self.vocab_size})", "prompt")  # fmt: skip
-        if len(ids) >= self.max_seq_len:
-            raise RequestError(f"the prompt has {len(ids)} tokens; at most "
-                               f"{self.max_seq_len - 1} leave room for one new token "
-                               f"(max_seq_len={self.max_seq_len})", "prompt")  # fmt: skip
-        # The last sampled token ends the request and is never run: its KV is not kept.
-        kv = min(len(ids) + params.max_tokens, self.max_seq_len) - 1
-        need = self.pages.num_pages_for(kv)
-        if need > self.pool.pages:
-            raise RequestError(f"the prompt ({len(ids)} tokens) and max_tokens="
-                               f"{params.max_tokens} can need KV for {kv} tokens = {need} pages "
-                               f"of {self.kv_block_size}, more than the whole pool "
-                               f"({self.pool.pages}): lower max_tokens or shorten the prompt",
-                               "max_tokens")  # fmt: skip
+        self.scheduler.check(len(ids), params, adapter)
         return [int(t) for t in ids]
 
     def abort(self, request_id: str) -> None:

@@ -241,35 +241,51 @@ class Scheduler:
         return min(len(req.prompt_ids) + req.params.max_tokens, self.max_seq_len) - 1
 
     # ----------------------------------------------------------------------- add / abort
-    def add(self, req: Request) -> None:
-        """Validate `req` and queue it (WAITING, at the back).
+    def check(self, prompt_len: int, params: SamplingParams, adapter: str | None = None,
+              output_len: int = 0, what: str = "the request") -> None:  # fmt: skip
+        """The checks at the door that read no queue state (so another thread may run them):
+        a prompt of `prompt_len` tokens (plus `output_len` already generated) with `params`
+        and `adapter` fits `max_seq_len` with one new token, its KV can fit the whole pool,
+        and the adapter is known.
 
-        Raises RequestError (naming the field) for an empty prompt, a prompt that leaves no
-        room for one new token under `max_seq_len`, a request whose tokens could need more
-        pages than the whole pool, or a request id already in use; nothing else changes.
+        Raises:
+          RequestError: naming the field ("prompt", "max_tokens" or "model") and the limit.
         """
-        rid = req.request_id
-        n = len(req.prompt_ids)
-        if rid in self._live:
-            raise RequestError(f"request_id={rid!r} is already in use", "request_id")
-        if req.adapter is not None and (self.adapters is None or req.adapter not in self.adapters):
-            raise RequestError(f"request {rid!r}: no LoRA adapter named {req.adapter!r}", "model")
+        n = prompt_len
         if n == 0:
-            raise RequestError(f"request {rid!r}: the prompt is empty", "prompt")
+            raise RequestError(f"{what}: the prompt is empty", "prompt")
         if n + 1 > self.max_seq_len:
-            raise RequestError(f"request {rid!r}: the prompt has {n} tokens; with one new token "
-                               f"that exceeds max_seq_len={self.max_seq_len}", "prompt")  # fmt: skip
-        if req.output_ids and n + len(req.output_ids) >= self.max_seq_len:
-            raise RequestError(f"request {rid!r}: prompt + output ids reach max_seq_len="
+            raise RequestError(f"{what}: the prompt has {n} tokens; at most "
+                               f"{self.max_seq_len - 1} leave room for one new token "
+                               f"(max_seq_len={self.max_seq_len})", "prompt")  # fmt: skip
+        if output_len and n + output_len >= self.max_seq_len:
+            raise RequestError(f"{what}: prompt + output ids reach max_seq_len="
                                f"{self.max_seq_len}", "prompt")  # fmt: skip
-        kv = self.max_kv_tokens(req)
+        if adapter is not None and (self.adapters is None or adapter not in self.adapters):
+            known = list(self.adapters.names) if self.adapters is not None else []
+            raise RequestError(f"{what}: no LoRA adapter named {adapter!r} (adapters: "
+                               f"{known})", "model")  # fmt: skip
+        # The last sampled token ends the request and is never run: its KV is not kept.
+        kv = min(n + params.max_tokens, self.max_seq_len) - 1
         need = self.pages.num_pages_for(kv)
         if need > self.pages.num_pages:
             raise RequestError(
-                f"request {rid!r}: {n} prompt tokens + max_tokens={req.params.max_tokens} (capped "
-                f"at max_seq_len={self.max_seq_len}) can need KV for {kv} tokens = {need} pages "
+                f"{what}: {n} prompt tokens + max_tokens={params.max_tokens} (capped at "
+                f"max_seq_len={self.max_seq_len}) can need KV for {kv} tokens = {need} pages "
                 f"of {self.page_size}, more than the whole pool of {self.pages.num_pages} pages; "
                 "lower max_tokens or shorten the prompt", "max_tokens")  # fmt: skip
+
+    def add(self, req: Request) -> None:
+        """Validate `req` (`check`, and a request id not in use) and queue it (WAITING, at the
+        back).
+
+        Raises RequestError naming the field; nothing else changes.
+        """
+        rid = req.request_id
+        if rid in self._live:
+            raise RequestError(f"request_id={rid!r} is already in use", "request_id")
+        self.check(len(req.prompt_ids), req.params, req.adapter, len(req.output_ids),
+                   f"request {rid!r}")  # fmt: skip
         req.status = WAITING
         req.num_computed = 0
         req.slot = None
