@@ -35,30 +35,8 @@ def pytest_addoption(parser):
     )  # fmt: skip
 
 
-# CI's two full jobs (.ci/run) split the heaviest folders between them: with
-# JAXARENA_CI_SHARD=k/n a job runs the test files of tests/models/ and of tests/gpu/ whose index
-# in their folder's sorted list is k-1 modulo n (every other file of each), and every other
-# test. Each such file still runs on one of the two JAX versions; a plain `pytest` (no
-# variable) runs everything.
-SHARDED_FOLDERS = ("models", "gpu")
-
-
-def _shard(items):
-    value = os.environ.get("JAXARENA_CI_SHARD", "")
-    if not value:
-        return items, []
-    k, n = (int(x) for x in value.split("/"))
-    if not 1 <= k <= n:
-        raise ValueError(f"JAXARENA_CI_SHARD={value!r} must be k/n with 1 <= k <= n")
-    mine = set()
-    for folder in SHARDED_FOLDERS:
-        files = sorted({str(i.path) for i in items if i.path.parent.name == folder})
-        mine |= {f for j, f in enumerate(files) if j % n == k - 1}
-
-    def kept(item) -> bool:
-        return item.path.parent.name not in SHARDED_FOLDERS or str(item.path) in mine
-
-    return [i for i in items if kept(i)], [i for i in items if not kept(i)]
+# CI's two full jobs split the heaviest folders between them (JAXARENA_CI_SHARD; see there).
+from _helpers.ci_shard import shard as _shard  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):

@@ -84,25 +84,25 @@ def test_declared_python_range_and_classifiers_match_ci():
 
 def test_the_two_ci_shards_run_every_test_once_and_split_the_heavy_folders(monkeypatch):
     """JAXARENA_CI_SHARD=1/2 and 2/2 (jobs 1 and 2): together every test, each file of
-    tests/models and tests/gpu in exactly one, every other test in both."""
+    tests/models, tests/gpu and tests/kernels in exactly one, every other test in both."""
     import types
 
-    import conftest
+    from _helpers import ci_shard
 
     names = ["models/test_a.py", "models/test_b.py", "models/test_c.py", "gpu/test_a.py",
-             "gpu/test_b.py", "engine/test_a.py", "test_cli.py"]  # fmt: skip
+             "gpu/test_b.py", "kernels/test_a.py", "engine/test_a.py", "test_cli.py"]  # fmt: skip
     items = [types.SimpleNamespace(path=ROOT / "tests" / n) for n in names for _ in range(2)]
     kept = {}
     for k in (1, 2):
         monkeypatch.setenv("JAXARENA_CI_SHARD", f"{k}/2")
-        keep, drop = conftest._shard(items)
+        keep, drop = ci_shard.shard(items)
         assert len(keep) + len(drop) == len(items)
         kept[k] = {str(i.path.relative_to(ROOT / "tests")) for i in keep}
     for n in names:
-        heavy = n.split("/")[0] in conftest.SHARDED_FOLDERS
+        heavy = n.split("/")[0] in ci_shard.SHARDED_FOLDERS
         assert (n in kept[1]) + (n in kept[2]) == (1 if heavy else 2), n
     assert {"models/test_a.py", "gpu/test_a.py"} <= kept[1]
     assert {"models/test_b.py", "gpu/test_b.py"} <= kept[2]
     monkeypatch.setenv("JAXARENA_CI_SHARD", "3/2")
     with pytest.raises(ValueError, match="JAXARENA_CI_SHARD"):
-        conftest._shard(items)
+        ci_shard.shard(items)
