@@ -15,10 +15,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from lm_runs import CHECKPOINTS, FAST_CPU_COMPILE, LIMITS
-from test_lora import ADAPTERS, LORA, MAX_RANK, atol_for, lora_reference
+from test_lora import (
+    ADAPTERS,
+    LORA,
+    atol_for,
+    lm,  # noqa: F401 (the reference: each adapter in its own slot)
+    lora_reference,
+)
 
 from jaxarena.engine import Engine, RequestError, SamplingParams
-from jaxarena.models import load_pretrained
 
 REQUESTS = 16
 
@@ -32,21 +37,11 @@ def engine():
     )  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def alone():
-    """The reference: every adapter in its own slot of a plain `CausalLM`."""
-    lm = load_pretrained(CHECKPOINTS / "qwen3", **LIMITS, compiler_options=FAST_CPU_COMPILE,
-                         max_lora_rank=MAX_RANK, max_loras=3)  # fmt: skip
-    for slot, name in enumerate(ADAPTERS):
-        lm.load_lora(slot, LORA / "qwen3" / name)
-    return lm
-
-
-def _check(engine, alone, work, got, atol):
+def _check(engine, ref, work, got, atol):
     full = 0
     for i, prompt, adapter, max_tokens in work:
         slot = -1 if adapter is None else ADAPTERS.index(adapter)
-        want, logits = alone.generate([prompt], max_tokens, return_logits=True, lora_slots=[slot])
+        want, logits = ref.generate([prompt], max_tokens, return_logits=True, lora_slots=[slot])
         g = got[i]
         assert len(g) == max_tokens
         diff = [j for j in range(max_tokens) if g[j] != want[0][j]]
@@ -58,7 +53,7 @@ def _check(engine, alone, work, got, atol):
     return full
 
 
-def test_adapters_and_the_base_model_in_one_batch_with_two_slots(engine, alone):
+def test_adapters_and_the_base_model_in_one_batch_with_two_slots(engine, lm):  # noqa: F811
     atol = atol_for("all", lora_reference("all"))
     rng = np.random.default_rng(41)
     choices = [*ADAPTERS, None]
@@ -85,7 +80,7 @@ def test_adapters_and_the_base_model_in_one_batch_with_two_slots(engine, alone):
         together += len(kinds - {None}) == 2 and None in kinds
         step += 1
         assert step < 500, "the engine made no progress"
-    full = _check(engine, alone, work, got, atol)
+    full = _check(engine, lm, work, got, atol)
     assert full >= 0.6 * REQUESTS, f"only {full} of {REQUESTS} requests match in full"
     assert together > 0
     # Three adapters through two slots: at least one eviction and reload.
@@ -100,10 +95,10 @@ def test_adapters_and_the_base_model_in_one_batch_with_two_slots(engine, alone):
     out = engine.generate([base[0][1]], SamplingParams(temperature=0, max_tokens=4,
                                                         ignore_eos=True))  # fmt: skip
     assert runs["decode"] == 3 and runs["mixed@64"] == 1  # the plain forms, once compiled
-    assert _check(engine, alone, base, {0: out[0].token_ids}, atol) == 1
+    assert _check(engine, lm, base, {0: out[0].token_ids}, atol) == 1
 
 
-def test_prefix_cache_is_keyed_by_the_adapter(engine, alone):
+def test_prefix_cache_is_keyed_by_the_adapter(engine, lm):  # noqa: F811
     """A full page of prompt cached under one adapter is a hit for the same adapter only."""
     page = list(range(5, 5 + LIMITS["kv_block_size"]))
     params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
@@ -122,7 +117,7 @@ def test_prefix_cache_is_keyed_by_the_adapter(engine, alone):
         # the first attn and mlp: nothing cached under their key.
         assert hit == (LIMITS["kv_block_size"] if i in (1, 2) else 0), (i, adapter, hit)
         work.append((i, page + [2 + i], adapter, 3))
-    _check(engine, alone, work, got, atol_for("all", lora_reference("all")))
+    _check(engine, lm, work, got, atol_for("all", lora_reference("all")))
 
 
 def test_unknown_adapters_are_refused(engine):
