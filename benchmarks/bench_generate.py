@@ -18,17 +18,15 @@ measure the interpreter, not a GPU; `xla` runs their plain-XLA implementations (
 fast path); `auto` picks `xla` on CPU. `tools/qwen3_cpu_bench.py` makes issue #37's 28-layer
 Qwen3-0.6B-width checkpoint and times transformers on it the same way.
 
-Measured on that checkpoint (this machine: 2 AMD EPYC cores with AVX2, shared with other
-developers' jobs, so wall-clock figures are noisy and only side-by-side ones compare;
-2026-12-07, 8 new tokens, 28 layers under `scan_layers=True`, which compiles in seconds):
-at load average ~2, xla prefill 16.3 tokens/s, decode 3.08 tokens/s, 20.2 CPU-s per
-generate; pallas 12.6-12.8 / 2.11-2.12, 28.7-29.0 CPU-s; transformers bf16
-(tools/qwen3_cpu_bench.py) 7.2 / 11.0, 12.1 CPU-s. The XLA kernels make the step 1.45x
-faster than the interpreter here, but decode reaches 28% of transformers', not the 50% of
-issue #37's target: at these lengths attention is a small part of the step and the rest
-(dense bf16 GEMMs, XLA:CPU's bf16 dot 3.9 ms vs torch's 3.2 ms for `[4, 1024] @ [1024,
-6144]`, and ~0.9 s per step not yet attributed) dominates. Unrolled (this script's
-defaults) under load 16 the compile took 221 s + 215 s.
+Measured on that checkpoint (this machine: 2 AMD EPYC cores with AVX2; 2026-12-07, idle,
+side by side, 16 new tokens, default limits): xla prefill 32.3 tokens/s, decode 13.0, 10.8
+CPU-s per generate; the engine (`--engine`) decode 11.8; transformers bf16
+(tools/qwen3_cpu_bench.py) prefill 8.0, decode 13.0, 15.4 CPU-s. Two XLA:CPU costs made the
+xla decode step 0.96 s before (3.08 tokens/s): a bf16 GEMM with a bf16 output runs 1.7-6x
+slower than with a float32 output there (the MLP's gate/up/down; `core.arena.linear` now asks
+for float32 and rounds once, the same numbers), and the engine's sampler ran a top-20 over the
+151,936-token vocabulary every step (~370 ms for 4 rows) though no request asked for logprobs
+(now only when one does). `"pallas"` measures the Pallas interpreter (decode 2.1).
 """
 
 from __future__ import annotations
@@ -52,6 +50,38 @@ def format_bytes(n: int) -> str:
     return f"{n / 2**20:.2f} MiB" if n >= 2**20 else f"{n / 2**10:.2f} KiB"
 
 
+def engine_decode(args, prompts: list[list[int]]) -> int:
+    """The engine's figures on the same prompts: all four added at once, greedy, ignoring EOS;
+    prefill tokens/s from a `max_tokens=1` run (the prompts' mixed step and the sampler);
+    decode tokens/s = the 4 sequences' tokens after the first over the rest of the run."""
+    from jaxarena.engine import Engine, SamplingParams
+
+    engine = Engine.from_pretrained(args.checkpoint, max_batch_size=len(prompts),
+                                    max_seq_len=args.max_seq_len, max_batch_tokens=64,
+                                    kv_block_size=16, kernels=args.kernels,
+                                    token_buckets=(64,), log=None)  # fmt: skip
+
+    def run(n: int) -> float:
+        sp = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+        t0 = time.perf_counter()
+        engine.generate(prompts, sp)
+        return time.perf_counter() - t0
+
+    run(args.new_tokens)  # warm (the executables compiled in from_pretrained)
+    first = [run(1) for _ in range(args.repeats)]
+    full = [run(args.new_tokens) for _ in range(args.repeats)]
+    t1, tn = statistics.median(first), statistics.median(full)
+    decode = len(prompts) * (args.new_tokens - 1) / (tn - t1)
+    print(f"engine on {args.checkpoint}, kernels {engine.runner.model.env.kernels}, prompts "
+          f"{[len(p) for p in prompts]}, {args.new_tokens} new tokens each, median of "
+          f"{args.repeats}")  # fmt: skip
+    print(f"prefill: {sum(map(len, prompts)) / t1:10.1f} tokens/s (with the first token)")
+    print(f"decode:  {decode:10.1f} tokens/s (batch {len(prompts)})")
+    print("compile: " + ", ".join(f"{k} {v:.2f} s" for k, v in
+                                  engine.runner.compile_seconds.items()))  # fmt: skip
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--checkpoint", type=Path, default=FIXTURES / LARGEST)
@@ -60,10 +90,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kernels", choices=("pallas", "xla", "auto"), default="pallas",
                     help="kernel backend (load_pretrained's kernels)")
     ap.add_argument("--max-seq-len", type=int, default=64)
+    ap.add_argument("--engine", action="store_true",
+                    help="the serving engine (jaxarena.engine) instead of CausalLM.generate")
     args = ap.parse_args(argv)
 
     ref = np.load(FIXTURES / LARGEST / "reference.npz")
     prompts = [ref["prompt_ids"][i, :n].tolist() for i, n in enumerate(ref["prompt_lengths"])]
+    if args.engine:
+        return engine_decode(args, prompts)
     lm = load_pretrained(args.checkpoint, max_batch_tokens=64, max_seq_len=args.max_seq_len,
                          kv_block_size=16, max_batch_size=len(prompts),
                          kernels=args.kernels)  # fmt: skip

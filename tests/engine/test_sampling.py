@@ -32,6 +32,8 @@ adds u log V, m + log(s) u|lse| and the last subtraction u|result|:
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -217,8 +219,10 @@ def _batch(rows_of: list[tuple], seeds, steps, dtype=jnp.float32):
     """(logits, SlotParams, PenaltyState) of rows given as (logits, params, (prompt, counts))."""
     logits = np.stack([r[0] for r in rows_of])
     assert (np.asarray(jnp.asarray(logits, dtype), np.float32) == logits).all()
+    # Every row asks for the top logprobs (the sampler skips them when no row does).
     slots = slot_params(len(rows_of), {
-        i: (r[1], int(s), int(t)) for i, (r, s, t) in enumerate(zip(rows_of, seeds, steps, strict=True))
+        i: (dataclasses.replace(r[1], logprobs=MAX_LOGPROBS), int(s), int(t))
+        for i, (r, s, t) in enumerate(zip(rows_of, seeds, steps, strict=True))
     })  # fmt: skip
     pen = PenaltyState(np.stack([r[2][0] for r in rows_of]), np.stack([r[2][1] for r in rows_of]))
     return (jnp.asarray(logits, dtype), jax.tree.map(jnp.asarray, slots),
@@ -454,6 +458,25 @@ def test_logprobs_are_the_raw_log_softmax_bf16():
     x[order[[16, 20]]] = x[order[[15, 19]]]
     rows[0] = (x, *rows[0][1:])
     check_logprobs(np.stack([r[0] for r in rows]), *_small(rows, range(ROWS), [1] * ROWS))
+
+
+def test_top_logprobs_only_when_a_row_asks():
+    """Without a row asking for top logprobs the top-k is skipped (zeros come back) while the
+    tokens and the chosen logprobs are unchanged; one row asking brings every row's."""
+    rows = _random_rows(6, ROWS)
+    logits, slots, pen = _batch(rows, range(ROWS), [1] * ROWS, jnp.bfloat16)
+    want = [np.asarray(a) for a in _sample(logits, slots, pen)]
+    none = slots._replace(top_logprobs=jnp.zeros(ROWS, jnp.int32))
+    got = [np.asarray(a) for a in _sample(logits, none, pen)]
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])
+    assert not got[2].any() and want[2].any()
+    one = slots._replace(top_logprobs=jnp.zeros(ROWS, jnp.int32).at[1].set(3))
+    got = [np.asarray(a) for a in _sample(logits, one, pen)]
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a, b)
+    s = slot_params(2, {0: (SamplingParams(logprobs=5), 0, 0), 1: (SamplingParams(), 0, 0)})
+    assert s.top_logprobs.tolist() == [5, 0]
 
 
 # -- the penalty state and the host helpers -----------------------------------------------
