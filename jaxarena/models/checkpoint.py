@@ -370,6 +370,11 @@ class Reader:
             out.append(scale)
         return out[0], out[1]
 
+    def expert_ids(self, num_experts: int) -> range:
+        """The routed experts whose weights to read (all; a device's share under expert
+        parallelism: `tensor_parallel.ShardReader`)."""
+        return range(num_experts)
+
     def unused(self) -> list[str]:
         """The checkpoint's tensors nobody read, sorted."""
         return sorted(set(self.ckpt) - self.used)

@@ -49,6 +49,7 @@ from jaxarena.models.core.kernels import resolve_kernels
 from jaxarena.models.families.registry import SUPPORTED_FAMILIES, family_for
 from jaxarena.models.lora import LoraLayout, lora_layout, lora_tables, read_adapter, set_slot
 from jaxarena.models.stack import ArenaLM
+from jaxarena.models.tensor_parallel import as_mesh, load_on_mesh, shard_step
 from jaxarena.testing import count_traces
 
 __all__ = ["CausalLM", "CheckpointError", "RequestError", "load_pretrained", "SUPPORTED_FAMILIES"]
@@ -112,6 +113,9 @@ class CausalLM:
       compiler_options: XLA options for every step's compile (`Lowered.compile`), e.g.
         `{"xla_backend_optimization_level": 0}` for quicker CPU compiles of small test
         models; None: XLA's defaults.
+      mesh: None on one device; else the tensor-parallel mesh (`load_pretrained(mesh=...)`):
+        params, arena and caches carry a leading device axis and every step runs under
+        `shard_map` (`jaxarena.models.tensor_parallel`); the byte figures are per device.
     """
 
     model: ArenaLM
@@ -128,6 +132,8 @@ class CausalLM:
     compiler_options: dict[str, Any] | None = None
     serving_pool: bool = False
     lora: LoraLayout | None = None
+    mesh: Any = None
+    whole_config: ModelConfig | None = None
 
     def __post_init__(self) -> None:
         # Counts the traces of the decode step (shared with every CausalLM of an equal model).
@@ -138,12 +144,15 @@ class CausalLM:
 
     @property
     def config(self) -> ModelConfig:
-        return self.model.config
+        """The whole model's config (on a mesh `model.config` is one device's share)."""
+        return self.whole_config or self.model.config
 
     @property
     def weight_bytes(self) -> int:
-        """Bytes of the weights on the device (FP8 weights count one byte per element)."""
-        return sum(x.nbytes for x in jax.tree.leaves(self.params))
+        """Bytes of the weights on the device (on EACH device of a mesh; FP8 weights count one
+        byte per element)."""
+        return sum(x.nbytes // (x.shape[0] if self.mesh is not None else 1)
+                   for x in jax.tree.leaves(self.params))  # fmt: skip
 
     @property
     def arena_bytes(self) -> int:
@@ -151,7 +160,8 @@ class CausalLM:
 
     @property
     def cache_bytes(self) -> int:
-        return sum(x.nbytes for x in jax.tree.leaves(self.caches))
+        return sum(x.nbytes // (x.shape[0] if self.mesh is not None else 1)
+                   for x in jax.tree.leaves(self.caches))  # fmt: skip
 
     def step_memory(self, kind: str = "decode") -> dict[str, int]:
         """XLA's memory analysis of a compiled step (`"decode"`, `"prefill"`, `"prefill_all"`)
@@ -186,7 +196,7 @@ class CausalLM:
             options = tuple(sorted((self.compiler_options or {}).items()))
             shared = (self.model, key, _abstract((self.params, self.arena, self.caches)), options)
             if shared not in _EXECUTABLES:
-                counter = count_traces(fn)
+                counter = count_traces(fn if self.mesh is None else shard_step(fn, self.mesh))
                 jitted = jax.jit(counter, donate_argnums=(1, 2))
                 lowered = jitted.lower(self.params, self.arena, self.caches, *args)
                 compiled = lowered.compile(compiler_options=self.compiler_options)
@@ -437,6 +447,8 @@ def load_pretrained(
     kv_dtype: str = "bf16",
     max_lora_rank: int = 0,
     max_loras: int = 0,
+    mesh: Any = None,
+    ep: int = 1,
 ) -> CausalLM:
     """Loads a local HuggingFace checkpoint directory onto the default device with its arena.
 
@@ -473,6 +485,12 @@ def load_pretrained(
       max_lora_rank, max_loras: > 0: LoRA adapter slots (`CausalLM.load_lora`,
         `jaxarena.models.lora`); the arena then holds the seed's `lora_*` buffers (sized
         for `adapter_max_rank = max_lora_rank`). 0: none (the plan is unchanged).
+      mesh: None: one device. An int `tp` or a one-axis `"tp"` mesh
+        (`tensor_parallel.tp_mesh`): tensor parallelism over its devices, each reading only
+        its slice of every tensor (`ModelConfig.shard(tp)` is what a device holds; the arena
+        is the per-device plan's; `jaxarena.models.tensor_parallel`).
+      ep: with a mesh, 1 (routed experts split column-/row-parallel like an MLP) or the
+        mesh's size (each device holds `num_experts / ep` whole experts).
 
     Returns:
       A `CausalLM` whose weights, arena and caches are on the device.
@@ -499,6 +517,9 @@ def load_pretrained(
     if max_lora_rank or max_loras:
         cfg = dataclasses.replace(cfg, adapter_max_rank=max_lora_rank)
     arch = _with_kv_dtype(family.arch(model_type, raw, cfg, root, max_seq_len), kv_dtype, root)
+    target, levers = target or Target.preset("gb10"), levers or Levers()
+    if mesh is not None:
+        return _load_on_mesh(as_mesh(mesh), family, ckpt, cfg, arch, locals())
     reader = Reader(ckpt, fp8_spec(raw, root))
     host = family.read_params(reader, cfg, arch)
     extra = reader.unused()
@@ -514,8 +535,6 @@ def load_pretrained(
         layout = lora_layout(arch, cfg, prefixes, max_loras=max_loras, max_rank=max_lora_rank)
         for i, tabs in lora_tables(layout).items():
             host["layers"][i] = {**host["layers"][i], "lora": tabs}
-    target = target or Target.preset("gb10")
-    levers = levers or Levers()
     sizes = BufferSizes.from_config(cfg, max_batch_tokens, max_seq_len, kv_block_size,
                                     max_batch_size, levers=levers, target=target)  # fmt: skip
     plan = ArenaPlan.sequential(sizes, guard_bytes=_GUARD_BYTES)
@@ -551,6 +570,37 @@ def load_pretrained(
                     arena_pointer=arena.unsafe_buffer_pointer(),
                     compiler_options=compiler_options,
                     serving_pool=kv_pages is not None, lora=layout)  # fmt: skip
+
+
+def _load_on_mesh(mesh: Any, family: Any, ckpt: Any, cfg: ModelConfig, arch: Any,
+                  a: dict[str, Any]) -> CausalLM:  # fmt: skip
+    """`load_pretrained` over a tensor-parallel mesh (`a`: its arguments)."""
+    for what in ("packed", "scan_layers", "max_lora_rank", "max_loras"):
+        if a[what]:
+            raise NotImplementedError(f"load_pretrained(mesh=...) with {what}={a[what]!r}")
+
+    def make_model(local: ModelConfig) -> ArenaLM:
+        sizes = BufferSizes.from_config(local, a["max_batch_tokens"], a["max_seq_len"],
+                                        a["kv_block_size"], a["max_batch_size"],
+                                        levers=a["levers"], target=a["target"])  # fmt: skip
+        return ArenaLM(config=local, arch=arch, plan=ArenaPlan.sequential(
+            sizes, guard_bytes=_GUARD_BYTES), max_batch_tokens=a["max_batch_tokens"],
+            max_seq_len=a["max_seq_len"], kv_block_size=a["kv_block_size"],
+            max_batch_size=a["max_batch_size"], target=a["target"], levers=a["levers"],
+            interpret=a["interpret"], kernels=a["kernels"], prefill_chunk=a["prefill_chunk"])
+
+    model, params, arena, caches, tables, extra = load_on_mesh(
+        mesh, family, ckpt, fp8_spec(ckpt.config, ckpt.path), cfg, arch, make_model,
+        rows=a["max_batch_size"] + 1, kv_pages=a["kv_pages"], ep=a["ep"])  # fmt: skip
+    if extra:
+        raise CheckpointError(f"{ckpt.path}: {len(extra)} tensor(s) the {a['model_type']} layout "
+                              f"does not use: {extra[:8]}")  # fmt: skip
+    return CausalLM(model=model, params=params, path=str(ckpt.path), model_type=a["model_type"],
+                    fp8=fp8_spec(ckpt.config, ckpt.path) is not None, arena=arena, caches=caches,
+                    block_tables=tables, compiler_options=a["compiler_options"],
+                    arena_pointer=arena.addressable_shards[0].data.unsafe_buffer_pointer(),
+                    serving_pool=a["kv_pages"] is not None, mesh=mesh,
+                    whole_config=cfg)  # fmt: skip
 
 
 def _with_kv_dtype(arch: Any, kv_dtype: str, root: Path) -> Any:

@@ -143,6 +143,11 @@ class ArenaLM:
         layer (`prefill`), so its XLA temp is that of one chunk; `"auto"`:
         `DEFAULT_PREFILL_CHUNK`; None: always one pass. Models with a block that cannot
         continue a sequence (`unchunked_kinds`) run one pass.
+      tp_axis: None: the model runs on one device. A mesh axis name: `config` is ONE device's
+        share (`ModelConfig.shard(tp=...)`) and the steps run inside `shard_map` over that
+        axis (`jaxarena.models.tensor_parallel`): the embedding and the LM head are
+        vocab-parallel, and every block's output is all-reduced before the residual add.
+      tp_vocab: with `tp_axis`, the whole model's vocabulary (the gathered logits are cut to it).
     """
 
     config: ModelConfig
@@ -158,6 +163,8 @@ class ArenaLM:
     kernels: str = "pallas"
     scan_layers: bool = False
     prefill_chunk: int | str | None = "auto"
+    tp_axis: str | None = None
+    tp_vocab: int | None = None
 
     def __post_init__(self) -> None:
         if self.kernels != "auto":
@@ -179,7 +186,7 @@ class ArenaLM:
         """What every block runs against (config, plan, KV page size, decode policy)."""
         return Env(config=self.config, plan=self.plan, kv_block_size=self.kv_block_size,
                    target=self.target, levers=self.levers, interpret=self.interpret,
-                   kernels=resolve_kernels(self.kernels))  # fmt: skip
+                   kernels=resolve_kernels(self.kernels), tp_axis=self.tp_axis)  # fmt: skip
 
     def init_caches(self, *, num_blocks: int, rows: int) -> dict[str, Any]:
         """Zeroed decode caches, one entry per block (`Block.init_cache`) under its
@@ -233,7 +240,7 @@ class ArenaLM:
         # The residual stream is an XLA value rounded as its region would store it (bf16):
         # no kernel reads it in place, and XLA fuses the norms and adds (README: "what goes
         # through the arena").
-        emb = params["embed"][tokens]
+        emb = self._embed(params["embed"], tokens)
         if self.arch.embed_scale is not None:
             emb = emb.astype(F32) * self.arch.embed_scale
         h = stored(emb)
@@ -257,6 +264,18 @@ class ArenaLM:
             arena, out_caches[key], h = self._block(mode, block, p, arena, caches[key], h, ctx)
         return arena, out_caches, h
 
+    def _embed(self, table: jax.Array, tokens: jax.Array) -> jax.Array:
+        """The embedding rows of `tokens`; vocab-parallel under `tp_axis` (each device holds
+        `table.shape[0]` rows of the padded vocabulary: the rows it holds, zeros for the
+        others, summed over the devices, exactly)."""
+        if self.tp_axis is None:
+            return table[tokens]
+        rows = table.shape[0]
+        local = tokens - lax.axis_index(self.tp_axis) * rows
+        mine = (local >= 0) & (local < rows)
+        emb = jnp.where(mine[:, None], table[jnp.clip(local, 0, rows - 1)], 0)
+        return lax.psum(emb, self.tp_axis)
+
     def _block(self, mode: str, block: Block, p, arena, cache, h, ctx: StepContext):
         """One block with its pre-norm and residual add: `(arena, cache, h)`."""
         env, eps = self.env, self.arch.rms_eps
@@ -267,6 +286,8 @@ class ArenaLM:
             arena, block_ctx = put(self.plan, arena, "norm_output", normed), ctx
         step = block.decode if mode == "decode" else block.prefill
         arena, cache, out = step(env, p, arena, cache, block_ctx)
+        if self.tp_axis is not None:  # the row-parallel output projection's partial sums
+            out = lax.psum(out, self.tp_axis)
         if "post_norm" in p:
             out = rms_norm(out, p["post_norm"], eps)
         h = stored(h + out)
@@ -322,7 +343,10 @@ class ArenaLM:
             logits = h @ (w.T if self.arch.tie_embeddings else w).astype(F32)
         if self.arch.final_softcap is not None:
             logits = self.arch.final_softcap * jnp.tanh(logits / self.arch.final_softcap)
-        return arena, logits.astype(BF16)
+        logits = logits.astype(BF16)
+        if self.tp_axis is not None:  # vocab-parallel head: gather, drop the padding columns
+            logits = lax.all_gather(logits, self.tp_axis, axis=1, tiled=True)[:, : self.tp_vocab]
+        return arena, logits
 
     # -- steps -----------------------------------------------------------------------------------
 

@@ -41,6 +41,10 @@ class Env:
       interpret: Pallas interpret mode (None: on CPU).
       kernels: the kernel backend (`core.kernels`): `"pallas"` runs the Pallas kernels
         (interpreted on CPU), `"xla"` their plain-XLA implementations (the CPU's fast path).
+      tp_axis: the mesh axis a tensor-parallel model runs over (`config` is one device's
+        share; `jaxarena.models.tensor_parallel`), None on one device. An MoE block whose
+        weights hold fewer experts than `config.num_experts` runs this device's experts
+        (expert parallelism over the same axis).
     """
 
     config: ModelConfig
@@ -50,6 +54,7 @@ class Env:
     levers: Levers
     interpret: bool | None = None
     kernels: str = "pallas"
+    tp_axis: str | None = None
 
     def __post_init__(self) -> None:
         check_kernels(self.kernels, "Env.kernels")

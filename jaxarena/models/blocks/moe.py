@@ -104,6 +104,11 @@ def _stack_experts(parts: list[Any]) -> Any:
     return _stack(parts)
 
 
+def _experts_held(w: Any) -> int:
+    """How many experts' weights `w` (`[E, ...]` or the FP8 dict) holds."""
+    return (w["w"] if is_fp8(w) else w).shape[0]
+
+
 def _concat_out(a: Any, b: Any, width: int) -> Any:
     """Gate and up weights side by side along the output (one GEMM for both)."""
     if is_fp8(a):
@@ -212,7 +217,7 @@ class MoE(StatelessBlock):
 
         def experts(name: str, out: int, inp: int) -> Any:
             return _stack_experts([reader.linear(f"{prefix}.experts.{j}.{name}", out, inp)
-                                   for j in range(e)])  # fmt: skip
+                                   for j in reader.expert_ids(e)])  # fmt: skip
 
         up = experts(uname, inter, d)
         p["w_down"] = experts(dname, d, inter)
@@ -331,7 +336,17 @@ class MoE(StatelessBlock):
         logits = self._router_logits(p, xb.astype(F32))
         # 2. routing and the dropless layout
         weights, ids = self._route(p, logits, k)
-        order, sizes, token = sort_by_expert(ids, e)
+        held = _experts_held(p["w_down"]) if env.tp_axis is not None else e
+        if held < e:
+            # Expert parallelism: this device holds experts [r held, (r + 1) held); the picks
+            # of the others go to a group past its weights (no GEMM rows, zeroed below), and
+            # the block's all-reduce adds the devices' partial outputs.
+            ids = ids - jax.lax.axis_index(env.tp_axis) * held
+            ids = jnp.where((ids >= 0) & (ids < held), ids, held)
+            order, sizes, token = sort_by_expert(ids, held + 1)
+            sizes = sizes[:held]
+        else:
+            order, sizes, token = sort_by_expert(ids, e)
         expert = ids.reshape(-1)[order]
         # scan_layers: this layer's experts in the stacked weights (`Block.scan_in_place`).
         off = p[SCAN_INDEX] * e if SCAN_INDEX in p else None
@@ -349,6 +364,8 @@ class MoE(StatelessBlock):
         # 5. down (`expert_down_out`)
         arena, y = self._gemm(env, arena, a, p["w_down"], sizes, None, t, off)
         y = stored(self._down_bias(p, y, expert))
+        if held < e:
+            y = jnp.where((expert < held)[:, None], y, 0.0)
         # 6. combine in float32 (`moe_output`)
         out = stored(combine(y, order, weights, F32))
         if self.latent:
