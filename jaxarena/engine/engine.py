@@ -87,15 +87,15 @@ class Engine:
         self.pool = pool
         self.model_type = model_type
         self.path = path
-        self.config: ModelConfig = m.config
+        self.config: ModelConfig = runner.lm.config  # the whole model's (a mesh: not m's)
         self.eos_token_ids = eos_token_ids
         self.prefix_caching = prefix_caching
         self.max_batch_size = m.max_batch_size
         self.max_batch_tokens = m.max_batch_tokens
         self.kv_block_size = m.kv_block_size
         self.max_seq_len = min(m.max_seq_len, max_position_embeddings or m.max_seq_len)
-        self.vocab_size = m.config.vocab_size
-        self.recurrent = slot_bytes(m.config) > 0
+        self.vocab_size = self.config.vocab_size
+        self.recurrent = slot_bytes(self.config) > 0
         self.pages = BlockManager(pool.pages, m.kv_block_size, prefix_caching)
         self.adapters: AdapterSlots | None = None
         if runner.lora:
@@ -142,6 +142,8 @@ class Engine:
         loras: dict[str, str | Path] | None = None,
         max_lora_rank: int | None = None,
         max_loras: int | None = None,
+        tp: int = 1,
+        ep: int = 1,
         **load_options: Any,
     ) -> Engine:
         """Loads a checkpoint, sizes and allocates its page pool, compiles every executable.
@@ -171,6 +173,9 @@ class Engine:
           max_lora_rank, max_loras: the LoRA slots (rank and count); None: the largest rank
             of `loras` and `min(len(loras), max_batch_size)` (at least 1), or no LoRA slots
             without `loras` or a rank.
+          tp, ep: tensor parallelism over the first `tp` devices, experts split whole over them
+            with `ep == tp` (`load_pretrained(mesh=tp, ep=ep)`); the pool is sized per device
+            (`budget --tp N --ep M`).
           load_options: more `load_pretrained` arguments (`interpret`, `scan_layers`, ...).
 
         Raises:
@@ -222,7 +227,7 @@ class Engine:
                               max_batch_tokens=max_batch_tokens, kv_block_size=kv_block_size,
                               memory=memory, memory_utilization=memory_utilization,
                               kv_pages=kv_pages, kv_dtype=kv_dtype, target=target,
-                              log=log)  # fmt: skip
+                              log=log, tp=tp, ep=ep)  # fmt: skip
         log("sizing the page pool:\n  " + pool.table().replace("\n", "\n  "))
         log(f"loading {root}")
         t0 = time.perf_counter()
@@ -230,6 +235,7 @@ class Engine:
                              kv_block_size=kv_block_size, max_batch_size=max_batch_size,
                              target=target, compiler_options=compiler_options,
                              kv_pages=pool.pages, kv_dtype=kv_dtype, kernels=kernels,
+                             **({"mesh": tp, "ep": ep} if tp > 1 else {}),
                              **load_options)  # fmt: skip
         allocated = lm.cache_bytes
         if allocated != pool.total_bytes:

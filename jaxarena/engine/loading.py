@@ -87,10 +87,12 @@ def device_memory(utilization: float) -> int | None:
 def size_pool(cfg: ModelConfig, raw: dict[str, Any], *, max_batch_size: int, max_seq_len: int,
               max_batch_tokens: int, kv_block_size: int, memory: int | str | None,
               memory_utilization: float, kv_pages: int | None, kv_dtype: str,
-              target: Target, log: Callable[[str], None]) -> KVPool:  # fmt: skip
+              target: Target, log: Callable[[str], None], tp: int = 1,
+              ep: int = 1) -> KVPool:  # fmt: skip
     """The page pool `Engine.from_pretrained` allocates: `kv_pages` as given, else from the
     budget of `memory` (None: the GPU's limit times `memory_utilization`; on a CPU without
-    either, pages for `max_batch_size` sequences of `max_seq_len`)."""
+    either, pages for `max_batch_size` sequences of `max_seq_len`). Under `tp` / `ep` the
+    pool is one device's (`ModelConfig.shard`): pages of its KV heads, its memory."""
     if memory is None and kv_pages is None:
         memory = device_memory(memory_utilization)
         if memory is None:
@@ -98,14 +100,15 @@ def size_pool(cfg: ModelConfig, raw: dict[str, Any], *, max_batch_size: int, max
             log(f"no GPU and no --memory / --kv-pages: {kv_pages} pages, "
                 f"{max_batch_size} sequences of {max_seq_len} tokens")  # fmt: skip
     if memory is None:  # an explicit page count: no budget needed
-        per_page = page_bytes(cfg, kv_block_size, kv_dtype)
+        local = cfg.shard(tp=tp, ep=ep) if (tp, ep) != (1, 1) else cfg
+        per_page = page_bytes(local, kv_block_size, kv_dtype)
         return KVPool(kv_block_size=kv_block_size, page_bytes=per_page,
-                      slot_bytes=slot_bytes(cfg), slots=max_batch_size + 1, pages=kv_pages,
+                      slot_bytes=slot_bytes(local), slots=max_batch_size + 1, pages=kv_pages,
                       source="given")  # fmt: skip
     quant = raw.get("quantization_config") or {}
     weights = "fp8" if quant.get("quant_method") == "fp8" else "bf16"
     budget = MemoryBudget(config=cfg, memory_bytes=memory, max_batch_tokens=max_batch_tokens,
                           max_seq_len=max_seq_len, kv_block_size=kv_block_size,
                           max_batch_size=max_batch_size, weights=weights,
-                          kv_dtype=kv_dtype, target=target)  # fmt: skip
+                          kv_dtype=kv_dtype, target=target, tp=tp, ep=ep)  # fmt: skip
     return budget.kv_pool(kv_pages)

@@ -48,23 +48,24 @@ from jaxarena.engine.sampling import (
     slot_params,
 )
 from jaxarena.models.lora import set_slot
+from jaxarena.models.tensor_parallel import shard_step
 from jaxarena.testing import count_traces
 
 __all__ = ["Runner", "StepOutput", "abstract_inputs", "penalty_state", "step_functions"]
 
 
-def _decode(model, params, arena, caches, pen, tokens, positions, tables, slots, active,
+def _decode(decode_step, params, arena, caches, pen, tokens, positions, tables, slots, active,
             lora_slots=None):  # fmt: skip
-    arena, caches, logits, _ = model.decode_step(params, arena, caches, tokens, positions,
-                                                 tables, positions + 1, lora_slots)  # fmt: skip
+    arena, caches, logits, _ = decode_step(params, arena, caches, tokens, positions, tables,
+                                           positions + 1, lora_slots)  # fmt: skip
     tok, lp, top_ids, top_lp = sample(logits, slots, pen)
     return arena, caches, record_tokens(pen, active, tok), tok, lp, top_ids, top_lp
 
 
-def _mixed(model, params, arena, caches, pen, tokens, cu_seqlens, tables, cached, slots, active,
+def _mixed(prefill, params, arena, caches, pen, tokens, cu_seqlens, tables, cached, slots, active,
            lora_slots=None):  # fmt: skip
-    arena, caches, logits = model.prefill(params, arena, caches, tokens, cu_seqlens, tables,
-                                          cached, lora_slots)  # fmt: skip
+    arena, caches, logits = prefill(params, arena, caches, tokens, cu_seqlens, tables, cached,
+                                    lora_slots)  # fmt: skip
     logits = logits[: active.shape[0]]  # the slots' rows; the padding sequence's is dropped
     tok, lp, top_ids, top_lp = sample(logits, slots, pen)
     return arena, caches, record_tokens(pen, active, tok), tok, lp, top_ids, top_lp
@@ -73,16 +74,21 @@ def _mixed(model, params, arena, caches, pen, tokens, cu_seqlens, tables, cached
 LORA = "+lora"  # the suffix of the executables that take the rows' adapter slots
 
 
-def step_functions(model: Any, token_buckets: tuple[int, ...], *,
-                   lora: bool = False) -> dict[str, Callable]:  # fmt: skip
+def step_functions(model: Any, token_buckets: tuple[int, ...], *, lora: bool = False,
+                   mesh: Any = None) -> dict[str, Callable]:  # fmt: skip
     """The engine's executables for `model` (an `ArenaLM`) by name: `"decode"` and
     `"mixed@T"` per token bucket (and with `lora` each again as `name + "+lora"`, taking the
     rows' adapter slots), each `fn(params, arena, caches, penalty_state, *inputs)` returning
     `(arena, caches, penalty_state, tokens, logprob, top_ids, top_logprobs)`; jit them with
-    arguments 1-3 donated (`abstract_inputs` gives the inputs' shapes)."""
-    out = {"decode": functools.partial(_decode, model)}
+    arguments 1-3 donated (`abstract_inputs` gives the inputs' shapes). With a tensor-parallel
+    `mesh` the model's step runs per device (`tensor_parallel.shard_step`) and the sampler on
+    its gathered logits."""
+    decode, prefill = model.decode_step, model.prefill
+    if mesh is not None:
+        decode, prefill = shard_step(decode, mesh), shard_step(prefill, mesh)
+    out = {"decode": functools.partial(_decode, decode)}
     for t in token_buckets:
-        out[f"mixed@{t}"] = functools.partial(_mixed, model)
+        out[f"mixed@{t}"] = functools.partial(_mixed, prefill)
     if lora:
         out.update({name + LORA: fn for name, fn in out.items()})
     return out
@@ -109,7 +115,7 @@ def abstract_inputs(model: Any, name: str) -> tuple[Any, ...]:
 
 def penalty_state(model: Any) -> PenaltyState:
     """The sampler's zeroed penalty state for `model`'s slots (`[max_batch_size, vocab]`)."""
-    r, vocab = model.max_batch_size, model.config.vocab_size
+    r, vocab = model.max_batch_size, model.tp_vocab or model.config.vocab_size
     return PenaltyState(prompt_mask=jnp.zeros((r, vocab), jnp.bool_),
                         output_counts=jnp.zeros((r, vocab), jnp.int32))  # fmt: skip
 
@@ -175,7 +181,7 @@ class Runner:
 
     def warm_up(self) -> None:
         """Compiles every executable (`decode`, `mixed@T` per token bucket)."""
-        fns = step_functions(self.model, self.token_buckets, lora=self.lora)
+        fns = step_functions(self.model, self.token_buckets, lora=self.lora, mesh=self.lm.mesh)
         self.log(f"compiling {len(fns)} executables")
         for name, fn in fns.items():
             self._compile(name, fn, abstract_inputs(self.model, name))
@@ -245,7 +251,7 @@ class Runner:
     def reset_slot(self, slot: int, prompt_ids: list[int], output_ids: list[int]) -> None:
         """Sets slot `slot`'s penalty rows to a request's prompt tokens and output counts (a
         request entering the slot, or resuming after preemption)."""
-        vocab = self.model.config.vocab_size
+        vocab = self.model.tp_vocab or self.model.config.vocab_size
         mask = np.zeros(vocab, np.bool_)
         mask[np.asarray(prompt_ids, np.int64)] = True
         counts = np.bincount(np.asarray(output_ids, np.int64), minlength=vocab).astype(np.int32)

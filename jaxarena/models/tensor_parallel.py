@@ -330,11 +330,15 @@ def load_on_mesh(mesh: jax.sharding.Mesh, family: Any, ckpt: Any, fp8: Any, conf
     tp = mesh.devices.size
     local = check_tensor_parallel(arch, config, tp, ep)
     model = dataclasses.replace(make_model(local), tp_axis=AXIS, tp_vocab=config.vocab_size)
-    per_device, unused = {}, []
+    per_device, unused = {}, None
     for r, dev in enumerate(mesh.devices.flat):
         if dev.process_index != jax.process_index():
             continue
-        per_device[r], unused = device_slices(family, ckpt, fp8, config, arch, tp, r, ep)
+        per_device[r], left = device_slices(family, ckpt, fp8, config, arch, tp, r, ep)
+        unused = set(left) if unused is None else unused & set(left)
+    if len(per_device) < tp and ep > 1:
+        # Other processes read the other devices' experts.
+        unused = {n for n in unused if ".experts." not in n}
     params = stack_on_mesh(per_device, mesh)
     per_seq = model.pages_per_seq
     pages = rows * per_seq if kv_pages is None else kv_pages + 1
@@ -346,7 +350,7 @@ def load_on_mesh(mesh: jax.sharding.Mesh, family: Any, ckpt: Any, fp8: Any, conf
     else:
         tables = jnp.zeros((rows, per_seq), jnp.int32)
     arena = model.plan.allocate(sharding=model.plan.sharding(mesh, AXIS))
-    return model, params, arena, caches, tables, unused
+    return model, params, arena, caches, tables, sorted(unused)
 
 
 def per_device_bytes(tree: Any) -> int:

@@ -45,6 +45,12 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
     s.add_argument("--max-loras", type=int, default=None, metavar="N",
                    help="adapters on the device at once; more are loaded on demand, the least "
                    "recently used evicted (default: min(#--lora, --max-batch-size))")  # fmt: skip
+    s.add_argument("--tp", type=int, default=1, metavar="N",
+                   help="tensor-parallel devices: the model split over the first N devices "
+                   "(default %(default)s)")  # fmt: skip
+    s.add_argument("--ep", type=int, default=1, metavar="M",
+                   help="expert parallelism: 1 (experts split like an MLP) or --tp (each "
+                   "device holds num_experts / M whole experts; default %(default)s)")  # fmt: skip
     s.set_defaults(func=cmd_serve)
     return s
 
@@ -55,10 +61,14 @@ def cmd_serve(args: argparse.Namespace, error: type[Exception] = RuntimeError) -
     if not 0 <= args.port <= 65535:
         raise error(f"--port {args.port} is outside 0..65535")
     for flag in ("max_batch_size", "max_seq_len", "max_batch_tokens", "kv_block_size",
-                 "kv_pages", "max_lora_rank", "max_loras"):  # fmt: skip
+                 "kv_pages", "max_lora_rank", "max_loras", "tp", "ep"):  # fmt: skip
         value = getattr(args, flag, None)
         if value is not None and value < 1:
             raise error(f"--{flag.replace('_', '-')} {value} must be >= 1")
+    tp, ep = getattr(args, "tp", 1), getattr(args, "ep", 1)
+    if ep not in (1, tp):
+        raise error(f"--ep {ep} must be 1 or equal to --tp {tp} (experts are split over the "
+                    "tensor-parallel devices)")  # fmt: skip
     args.loras = parse_loras(getattr(args, "lora", []), error)
     try:
         from jaxarena.server.run import serve

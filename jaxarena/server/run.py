@@ -85,6 +85,7 @@ def load_engine(args: argparse.Namespace, memory: int | None, log: Callable[[str
         loras=getattr(args, "loras", None) or None,
         max_lora_rank=getattr(args, "max_lora_rank", None),
         max_loras=getattr(args, "max_loras", None),
+        tp=getattr(args, "tp", 1), ep=getattr(args, "ep", 1),
     )  # fmt: skip
     return AsyncEngine(engine)
 
