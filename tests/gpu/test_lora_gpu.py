@@ -4,14 +4,12 @@ slot) and prefill (2048 tokens) shapes of Qwen3-8B-like widths (hidden 4096, ran
 slots; a 1024 -> 3072 projection at rank 64): the one Pallas kernel (twice), no register
 spills, no stack, at most two launches besides them, and XLA temp no more than the shrink's
 `[T, r]` output. The arena form (the shrink storing into `lora_xa`, the expand reading it
-there) keeps no temp that grows with T, and a prefill with adapters needs no more temp than
-the step without them."""
+there) keeps no temp that grows with T. (The whole step with adapters against the step
+without: benchmarks/lora_costs.py, ~30 s of compiles, too slow for this gate.)"""
 
 from __future__ import annotations
 
 import functools
-import sys
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -121,24 +119,3 @@ def test_shrink_into_the_arena_keeps_no_temp_that_grows_with_t(h200):
         assert res.launches is not None and res.launches <= 3, res.launches
         temps[t] = res.temp_bytes
     assert temps[256] == temps[2048] <= 1024, temps
-
-
-def test_prefill_with_adapters_needs_no_more_temp_than_without(h200):
-    """A one-pass prefill of 2048 tokens through one attention and one SwiGLU block of
-    Qwen3-0.6B widths (benchmarks/lora_costs.py's step), every module adapted (rank 16, 8
-    slots): the LoRA path adds no XLA temp to the step without tables. `xa` lives in
-    `lora_xa`, the shrinks read the bf16 inputs the base GEMMs read, and the expands add into
-    the GEMMs' own output buffers (the merged gate/up output, o_proj's float32 output). Before,
-    the f32 inputs and the bf16 copies of the outputs made it 76 MiB against 48 MiB. Launches:
-    the base step's plus the two kernels of each of the 7 modules and 2 small fusions."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    from lora_costs import compile_step
-
-    kw = dict(mode="prefill", layers=1, rank=16, slots=8, batch=8, tokens=2048, target=h200)
-    base = compile_step(name="base", **kw)
-    lora = compile_step(name="lora", **kw)
-    kernels = [x for x in lora.kernels if x.name == "lora_bgmv"]
-    assert kernels and all(x.spill_store_bytes == x.spill_load_bytes == 0 for x in kernels)
-    # The slack: the shrink's unit scales (float32[8]) and small alignment.
-    assert lora.temp_bytes <= base.temp_bytes + 4096, (lora.temp_bytes, base.temp_bytes)
-    assert lora.launches <= base.launches + 2 * 7 + 2, (lora.launches, base.launches)
