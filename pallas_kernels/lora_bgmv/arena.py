@@ -8,8 +8,9 @@ expand gets it read-only. The kernels store and load the bf16 values' bits: a fl
 would let the interpreter's masked stores canonicalise NaN payloads in bytes that are not
 theirs (seen: one byte of a neighbouring element changed). Element offsets stay exact:
 Pallas' Triton lowering uses int32 element offsets for arrays of at most 2^32 bytes (at most
-2^31 two-byte elements, so a signed int32 holds every one) and 64-bit offsets above; the kernel adds a static first row to an int32
-in-region element index (`T * r < 2^31`, checked). In interpret mode (CPU) the kernels get
+2^31 two-byte elements, so a signed int32 holds every one) and 64-bit offsets above; the
+kernel adds a static first row to an int32 in-region element index (`T * r < 2^31`,
+checked). In interpret mode (CPU) the kernels get
 only the region's rows (and, for the shrink, a few scratch rows where masked lanes store),
 written back with `dynamic_update_slice`: there a whole-arena operand is copied (the
 interpreter carries an aliased operand as input and as output; `_arena_io`).

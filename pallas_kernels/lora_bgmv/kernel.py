@@ -38,10 +38,9 @@ HALVES = 128  # bf16 elements per 256-byte arena row
 @dataclasses.dataclass(frozen=True)
 class RegionAt:
     """Where a row-major `bf16[T, ld]` matrix lives in an arena operand `uint16[rows, 128]`
-    (the values' bits):
-    element `(t, c)` is element `e = t * ld + c` of the region, at operand position
-    `(row0 + e // 128, e % 128)`. `row0` is static (the region starts on an arena row), `e` is
-    int32 (the wrapper keeps `T * ld` below 2^31). `last_row`: the operand's last row (row
+    (the values' bits): element `(t, c)` is element `e = t * ld + c` of the region, at operand
+    position `(row0 + e // 128, e % 128)`. `row0` is static (the region starts on an arena
+    row), `e` is int32 (the wrapper keeps `T * ld` below 2^31). `last_row`: the operand's last row (row
     indices are clamped to it). `dump`: interpret mode only, the element (counted like `e`)
     from which a tile's masked lanes store, each to a position of its own past the region's
     rows: the interpreter's masked store writes an old value back at a masked lane's index, so
@@ -64,10 +63,10 @@ class BgmvConfig:
     float32 (interpret mode on a CPU); `add_at`: None, or the first column of the output
     (aliased to a base projection's output `y`) that column 0 of the product is added to:
     `y[t, add_at + c] = bf16(bf16(y[t, add_at + c]) + bf16(out[t, c]))` for the tokens with
-    a slot, the other tokens' rows untouched. `x_at`: None, or where x (`bf16[t, k]`) lives in the
-    arena operand that is the `x` ref; `out_at`: None, or where the output (`bf16[t, n]`) goes
-    in the arena operand that is the output (aliased to the arena input; only the `[t, n]`
-    elements are stored)."""
+    a slot, the other tokens' rows untouched. `x_at`: None, or where x (`bf16[t, k]`) lives
+    in the arena operand that is the `x` ref; `out_at`: None, or where the output (`bf16[t,
+    n]`) goes in the arena operand that is the output (aliased to the arena input; only the
+    `[t, n]` elements are stored)."""
 
     t: int
     k: int

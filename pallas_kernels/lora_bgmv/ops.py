@@ -134,9 +134,9 @@ def lora_expand_into(y: jax.Array, xa: jax.Array, b: jax.Array, scale: jax.Array
                      interpret: bool | None = None) -> jax.Array:  # fmt: skip
     """The expand added to a base projection's output in place: for every token `t` with a
     slot `s >= 0`, `y[t, col0:col0 + out] = bf16(bf16(y) + bf16(scale[s] * xa[t] @
-    b[s]^T))` (`y` and the delta rounded as bf16 regions hold them, the sum as `y`'s region does); the
-    other rows and columns of `y` are not touched (a float32 `y` keeps its unrounded values
-    there).
+    b[s]^T))` (`y` and the delta rounded as bf16 regions hold them, the sum as `y`'s region
+    does); the other rows and columns of `y` are not touched (a float32 `y` keeps its
+    unrounded values there).
 
     Args:
       y: `[T, n_y]` (float32 or bf16), donated: the result is written
