@@ -6,8 +6,9 @@
 Qwen3-0.6B widths (random weights: shapes only). For the decode step (`--batch` rows) and a
 one-pass prefill (`--tokens`), compiles the step without LoRA tables and with them (every
 attention q/k/v/o and MLP gate/up/down module, `--slots` slots of rank `--rank`; the slots are
-data) and prints the launches (`launches_static`: both branches of every `lax.cond` once),
-the XLA temp and the spills. Third, `plain`: the tables without
+data; the plan sized with `adapter_max_rank = --rank`, so the shrink stores into `lora_xa`)
+and prints the launches (`launches_static`: both branches of every `lax.cond` once), the XLA
+temp and the spills. Third, `plain`: the tables without
 the slots argument, the form the engine runs for a batch that names no adapter
 (`jaxarena.engine.runner`: `decode` beside `decode+lora`), which should cost what `base` does.
 """
@@ -25,6 +26,7 @@ import jax.numpy as jnp
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from plain_step import QWEN3_0_6B, abstract_caches, abstract_params, build_model  # noqa: E402
 
+from jaxarena import ArenaPlan, BufferSizes  # noqa: E402
 from jaxarena.gpu_aot import compile_for_gpu  # noqa: E402
 from jaxarena.gpu_dump import count_launches  # noqa: E402
 from jaxarena.models.lora import lora_layout  # noqa: E402
@@ -58,30 +60,45 @@ def no_adapter_launches(thunks) -> tuple[int, list[str]]:
     return total, sorted(set(seen))
 
 
-def costs(*, layers: int, rank: int, slots: int, batch: int, tokens: int, target: str):
+def compile_step(*, mode: str, name: str, layers: int, rank: int, slots: int, batch: int,
+                 tokens: int, target: str, dump_dir: str | bool = True):  # fmt: skip
+    """One step (`mode`: "decode" or "prefill") compiled for `target`: `name` "base" (no LoRA
+    tables, the plan without `lora_*`), "lora" (tables and slots, the plan sized with
+    `adapter_max_rank = rank`, as `load_pretrained(max_lora_rank=)` does) or "plain" (tables
+    without slots, on the LoRA plan: the engine's form for a batch that names no adapter).
+    `dump_dir`: where XLA dumps (True: a temporary folder)."""
     raw = dict(QWEN3_0_6B, num_hidden_layers=layers)
     m = build_model(raw, max_batch_tokens=tokens, max_seq_len=tokens, max_batch_size=batch)
     m = dataclasses.replace(m, prefill_chunk=None)
+    params = abstract_params(m)
+    if name != "base":
+        cfg = dataclasses.replace(m.config, adapter_max_rank=rank)
+        sizes = BufferSizes.from_config(cfg, tokens, tokens, m.kv_block_size, batch,
+                                        levers=m.levers, target=m.target)  # fmt: skip
+        params = _with_tables(m, params, rank, slots)
+        m = dataclasses.replace(m, config=cfg, plan=ArenaPlan.sequential(sizes))
     per = tokens // m.kv_block_size
-    base = abstract_params(m)
-    lora = _with_tables(m, base, rank, slots)
-    arena = S(m.plan.arena_shape, U8)
+    rows = batch if mode == "decode" else batch + 1
+    caches = abstract_caches(m, num_blocks=rows * per, rows=rows)
+    tables = S((rows, per), I32)
+    v = S((batch,), I32)
+    extra = (S((rows if mode == "prefill" else batch,), I32),) if name == "lora" else ()
+    if mode == "decode":
+        fn, args = m.decode_step, (v, v, tables, v, *extra)
+    else:
+        fn = m.prefill
+        args = (S((tokens,), I32), S((rows + 1,), I32), tables)
+        args = (*args, None, *extra) if extra else args
+    return compile_for_gpu(fn, params, S(m.plan.arena_shape, U8), caches, *args, target=target,
+                           donate_argnums=(1, 2), dump_dir=dump_dir, no_spills=False)  # fmt: skip
+
+
+def costs(*, layers: int, rank: int, slots: int, batch: int, tokens: int, target: str):
     out = {}
     for mode in ("decode", "prefill"):
-        rows = batch if mode == "decode" else batch + 1
-        caches = abstract_caches(m, num_blocks=rows * per, rows=rows)
-        tables = S((rows, per), I32)
-        v = S((batch,), I32)
-        for name, params in (("base", base), ("lora", lora), ("plain", lora)):
-            extra = (S((rows if mode == "prefill" else batch,), I32),) if name == "lora" else ()
-            if mode == "decode":
-                fn, args = m.decode_step, (v, v, tables, v, *extra)
-            else:
-                fn = m.prefill
-                args = (S((tokens,), I32), S((rows + 1,), I32), tables)
-                args = (*args, None, *extra) if extra else args
-            c = compile_for_gpu(fn, params, arena, caches, *args, target=target,
-                                donate_argnums=(1, 2), dump_dir=True, no_spills=False)  # fmt: skip
+        for name in ("base", "lora", "plain"):
+            c = compile_step(mode=mode, name=name, layers=layers, rank=rank, slots=slots,
+                             batch=batch, tokens=tokens, target=target)  # fmt: skip
             out[(mode, name)] = c
             print(f"{mode:8s} {name:5s} launches {c.launches} (static {c.launches_static}) "
                   f"temp {c.temp_bytes / 2**20:8.2f} MiB  max spill {c.max_spill_bytes} B",

@@ -12,6 +12,13 @@ scale 1) and the expand (`xa @ B^T * scale`, `w = B [L, out, r]`) are this one b
 
 Every operand is read whole (`memory_space=pl.ANY`) with masked loads: rows past T, columns
 past N and depth past K load as zeros and are never stored, so nothing is padded.
+
+The arena forms (`cfg.x_at`, `cfg.out_at`): the shrink's `[T, r]` bf16 output is stored into
+an arena region (the seed's `lora_xa`) and the expand reads it back from there. The arena
+operand is `uint16[rows, 128]` (the `uint8[rows, 256]` arena reinterpreted, an XLA bitcast on
+a GPU), holding the bf16 values' bits; element `(t, c)` of the region's matrix is element
+`t * ld + c` counted from the region's first row (`RegionAt`), so no temporary of the
+shrink's output exists.
 """
 
 from __future__ import annotations
@@ -23,7 +30,30 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-__all__ = ["BgmvConfig", "lora_bgmv_kernel"]
+__all__ = ["HALVES", "BgmvConfig", "RegionAt", "lora_bgmv_kernel"]
+
+HALVES = 128  # bf16 elements per 256-byte arena row
+
+
+@dataclasses.dataclass(frozen=True)
+class RegionAt:
+    """Where a row-major `bf16[T, ld]` matrix lives in an arena operand `uint16[rows, 128]`
+    (the values' bits): element `(t, c)` is element `e = t * ld + c` of the region, at operand
+    position `(row0 + e // 128, e % 128)`. `row0` is static (the region starts on an arena
+    row), `e` is int32 (the wrapper keeps `T * ld` below 2^31). `last_row`: the operand's last row (row
+    indices are clamped to it). `dump`: interpret mode only, the element (counted like `e`)
+    from which a tile's masked lanes store, each to a position of its own past the region's
+    rows: the interpreter's masked store writes an old value back at a masked lane's index, so
+    such an index must not be a real element's."""
+
+    row0: int
+    ld: int
+    last_row: int
+    dump: int | None = None
+
+    def at(self, e):
+        """The operand's (row, column) of region element `e` (int32 array)."""
+        return jnp.minimum(self.row0 + e // HALVES, self.last_row), e % HALVES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,8 +62,11 @@ class BgmvConfig:
     adapter slots; `block_m/n/k` the tile (powers of two >= 16); `upcast`: multiply in
     float32 (interpret mode on a CPU); `add_at`: None, or the first column of the output
     (aliased to a base projection's output `y`) that column 0 of the product is added to:
-    `y[t, add_at + c] = bf16(y[t, add_at + c] + bf16(out[t, c]))` for the tokens with a slot,
-    the other tokens' rows untouched."""
+    `y[t, add_at + c] = bf16(bf16(y[t, add_at + c]) + bf16(out[t, c]))` for the tokens with
+    a slot, the other tokens' rows untouched. `x_at`: None, or where x (`bf16[t, k]`) lives
+    in the arena operand that is the `x` ref; `out_at`: None, or where the output (`bf16[t,
+    n]`) goes in the arena operand that is the output (aliased to the arena input; only the
+    `[t, n]` elements are stored)."""
 
     t: int
     k: int
@@ -44,11 +77,14 @@ class BgmvConfig:
     block_k: int
     upcast: bool = False
     add_at: int | None = None
+    x_at: RegionAt | None = None
+    out_at: RegionAt | None = None
 
 
 def lora_bgmv_kernel(slot_ref, x_ref, w_ref, scale_ref, *refs, cfg: BgmvConfig):
     """`out[rows, cols]` of one tile (see the module docstring); with `cfg.add_at` the refs
-    are `(y, out)`, `out` aliased to `y`."""
+    are `(y, out)`, `out` aliased to `y`; with `cfg.out_at` they are `(arena, out)`, `out`
+    aliased to the arena operand."""
     out_ref = refs[-1]
     i, j = pl.program_id(0), pl.program_id(1)
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
@@ -65,8 +101,11 @@ def lora_bgmv_kernel(slot_ref, x_ref, w_ref, scale_ref, *refs, cfg: BgmvConfig):
         ks = kk * bk + lax.broadcasted_iota(jnp.int32, (bk,), 0)
         k_ok = ks < cfg.k
         ks_c = jnp.minimum(ks, cfg.k - 1)
-        a = plgpu.load(x_ref.at[rows_c[:, None], ks_c[None, :]],
-                       mask=row_ok[:, None] & k_ok[None, :], other=0)  # fmt: skip
+        at_x = ((rows_c[:, None], ks_c[None, :]) if cfg.x_at is None else
+                cfg.x_at.at(rows_c[:, None] * cfg.x_at.ld + ks_c[None, :]))  # fmt: skip
+        a = plgpu.load(x_ref.at[at_x], mask=row_ok[:, None] & k_ok[None, :], other=0)
+        if cfg.x_at is not None:  # the bf16 bits of `xa` in the arena
+            a = lax.bitcast_convert_type(a, jnp.bfloat16)
         b = plgpu.load(w_ref.at[l, cols_c[:, None], ks_c[None, :]],
                        mask=col_ok[:, None] & k_ok[None, :], other=0)  # fmt: skip
         if cfg.upcast:
@@ -96,6 +135,15 @@ def lora_bgmv_kernel(slot_ref, x_ref, w_ref, scale_ref, *refs, cfg: BgmvConfig):
     # interpret mode `ops.py` pads the output to whole tiles so no two lanes share an index.
     out_r = jnp.minimum(rows, out_ref.shape[0] - 1)
     mask = row_ok[:, None] & col_ok[None, :]
+    if cfg.out_at is not None:  # into the arena region: only the [t, n] elements
+        e = rows_c[:, None] * cfg.out_at.ld + cols_c[None, :]
+        if cfg.out_at.dump is not None:
+            lane = (lax.broadcasted_iota(jnp.int32, (bm, bn), 0) * bn
+                    + lax.broadcasted_iota(jnp.int32, (bm, bn), 1))  # fmt: skip
+            e = jnp.where(mask, e, cfg.out_at.dump + lane)
+        bits = lax.bitcast_convert_type(out.astype(jnp.bfloat16), out_ref.dtype)
+        plgpu.store(out_ref.at[cfg.out_at.at(e)], bits, mask=mask)
+        return
     if cfg.add_at is None:
         out_c = jnp.minimum(cols, out_ref.shape[1] - 1)
     else:  # in place: only the rows of tokens with an adapter are read and written
@@ -103,6 +151,9 @@ def lora_bgmv_kernel(slot_ref, x_ref, w_ref, scale_ref, *refs, cfg: BgmvConfig):
         mask = mask & (slot >= 0)[:, None]
         y = plgpu.load(out_ref.at[out_r[:, None], out_c[None, :]], mask=mask, other=0)
         delta = out.astype(jnp.bfloat16).astype(jnp.float32)
-        out = (y.astype(jnp.float32) + delta).astype(jnp.bfloat16)
+        # `y` as its bf16 region holds it (a no-op for bf16 values; a float32 `y` keeps its
+        # unrounded values in the rows without an adapter, which are not stored).
+        y = y.astype(jnp.bfloat16).astype(jnp.float32)
+        out = (y + delta).astype(jnp.bfloat16)
     plgpu.store(out_ref.at[out_r[:, None], out_c[None, :]], out.astype(out_ref.dtype),
                 mask=mask)  # fmt: skip

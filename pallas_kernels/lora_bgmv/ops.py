@@ -16,7 +16,7 @@ from pallas_kernels._args import resolve_interpret
 from pallas_kernels.lora_bgmv.checks import validate
 from pallas_kernels.lora_bgmv.kernel import BgmvConfig, lora_bgmv_kernel
 
-__all__ = ["lora_bgmv", "lora_expand", "lora_expand_into", "lora_shrink"]
+__all__ = ["check_y_col0", "lora_bgmv", "lora_expand", "lora_expand_into", "lora_shrink"]
 
 _BLOCK_M = 16  # a decode batch's tile: Triton's smallest dot
 
@@ -56,14 +56,27 @@ def _run(slots, x, w, scale, *, cfg: BgmvConfig, out_dtype: Any, interpret: bool
     return out[: cfg.t, : cfg.n] if interpret else out
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "interpret"), donate_argnums=4)
-def _run_into(slots, x, w, scale, y, *, cfg: BgmvConfig, interpret: bool) -> jax.Array:
+def _into_y(slots, x, w, scale, y, *, cfg: BgmvConfig, interpret: bool) -> jax.Array:
+    """The in-place expand's call (`y` aliased to the output), inside the caller's jit."""
     t, ny = y.shape
     rows, cols = _padded(cfg, t, ny, interpret)
     if (rows, cols) != (t, ny):  # interpret mode only
         y_p = jnp.zeros((rows, cols), y.dtype).at[:t, :ny].set(y)
         return _call(cfg, (rows, cols), y.dtype, interpret, True)(slots, x, w, scale, y_p)[:t, :ny]
     return _call(cfg, (t, ny), y.dtype, interpret, True)(slots, x, w, scale, y)
+
+
+_run_into = jax.jit(_into_y, static_argnames=("cfg", "interpret"), donate_argnums=4)
+
+
+def check_y_col0(y: Any, t: int, n: int, col0: Any, what: str) -> None:
+    """`y [t, n_y]` and a static int `col0` with `col0 + n <= n_y` (ValueError otherwise)."""
+    if len(getattr(y, "shape", ())) != 2 or y.shape[0] != t:
+        raise ValueError(f"{what}: y must be [{t}, n_y] (one row per token), got "
+                         f"{getattr(y, 'shape', type(y))}")  # fmt: skip
+    if isinstance(col0, bool) or not isinstance(col0, int) or not 0 <= col0 <= y.shape[1] - n:
+        raise ValueError(f"{what}: col0={col0!r} must be an int in "
+                         f"[0, {y.shape[1] - n}] (y has {y.shape[1]} columns, b {n})")  # fmt: skip
 
 
 def lora_bgmv(x: jax.Array, w: jax.Array, scale: jax.Array, slots: jax.Array, *,
@@ -120,12 +133,13 @@ def lora_expand_into(y: jax.Array, xa: jax.Array, b: jax.Array, scale: jax.Array
                      slots: jax.Array, *, col0: int = 0,
                      interpret: bool | None = None) -> jax.Array:  # fmt: skip
     """The expand added to a base projection's output in place: for every token `t` with a
-    slot `s >= 0`, `y[t, col0:col0 + out] = bf16(y + bf16(scale[s] * xa[t] @ b[s]^T))` (the
-    delta rounded as the arena's `lora_delta` holds it, the sum as `y`'s region does); the
-    other rows and columns of `y` are not touched.
+    slot `s >= 0`, `y[t, col0:col0 + out] = bf16(bf16(y) + bf16(scale[s] * xa[t] @
+    b[s]^T))` (`y` and the delta rounded as bf16 regions hold them, the sum as `y`'s region
+    does); the other rows and columns of `y` are not touched (a float32 `y` keeps its
+    unrounded values there).
 
     Args:
-      y: `[T, n_y]` (float32 holding bf16 values, or bf16), donated: the result is written
+      y: `[T, n_y]` (float32 or bf16), donated: the result is written
         into its buffer (no temp of its size); the caller must not reuse `y`.
       xa, b, scale, slots: as for `lora_expand`.
       col0: static; the first column of `y` the delta's column 0 lands on (the k or v range
@@ -137,12 +151,7 @@ def lora_expand_into(y: jax.Array, xa: jax.Array, b: jax.Array, scale: jax.Array
     validate(xa, b, scale, slots, "lora_expand_into")
     t, k = xa.shape
     num, n, _ = b.shape
-    if len(getattr(y, "shape", ())) != 2 or y.shape[0] != t:
-        raise ValueError(f"lora_expand_into: y must be [{t}, n_y] (one row per token), got "
-                         f"{getattr(y, 'shape', type(y))}")  # fmt: skip
-    if isinstance(col0, bool) or not isinstance(col0, int) or not 0 <= col0 <= y.shape[1] - n:
-        raise ValueError(f"lora_expand_into: col0={col0!r} must be an int in "
-                         f"[0, {y.shape[1] - n}] (y has {y.shape[1]} columns, b {n})")  # fmt: skip
+    check_y_col0(y, t, n, col0, "lora_expand_into")
     interp = resolve_interpret(interpret)
     cfg = BgmvConfig(t=t, k=k, n=n, slots=num, block_m=_BLOCK_M, block_n=_pow2(n, 16, 64),
                      block_k=_pow2(k, 16, 64), upcast=interp, add_at=col0)  # fmt: skip

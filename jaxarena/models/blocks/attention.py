@@ -195,7 +195,8 @@ class Attention(Block):
         if tabs is not None:  # q, k, v deltas on their column ranges of the fused output
             cols = [tabs.get("q_proj", qw * hd), tabs.get("k_proj", hkv * hd),
                     tabs.get("v_proj", hkv * hd)]  # fmt: skip
-            (qkv,) = lora_add((qkv,), ctx.x, [cols], ctx.lora_slots, interpret=env.interpret)
+            arena, (qkv,) = lora_add(env.plan, arena, (qkv,), ctx.x, [cols], ctx.lora_slots,
+                                     interpret=env.interpret)  # fmt: skip
         qh = qkv[:, : qw * hd].reshape(t, hq, -1)
         q = qh[..., :hd]
         # Gated attention: each head's q projection is `[q_h | gate_h]`.
@@ -280,10 +281,10 @@ class Attention(Block):
         tabs = lora_tables(p, lora_slots)
         if tabs is not None and "o_proj" in tabs:
             x = get(env.plan, arena, "attn_output", (t, hq_d)) if isinstance(src, str) else src
-            (lo,) = lora_add((stored(out),), x, [[tabs["o_proj"]]], lora_slots,
-                             interpret=env.interpret)  # fmt: skip
             # The base model's rows keep the unrounded output the step without LoRA gives.
-            out = jnp.where((lora_slots >= 0)[:, None], lo, out)
+            arena, (out,) = lora_add(env.plan, arena, (out,), x, [[tabs["o_proj"]]],
+                                     lora_slots, rounded=False,
+                                     interpret=env.interpret)  # fmt: skip
         return arena, out
 
     def prefill(self, env: Env, params, arena, cache, ctx: StepContext):
