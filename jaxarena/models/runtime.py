@@ -41,9 +41,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxarena import ArenaPlan, BufferSizes, Levers, ModelConfig, Target, record_lifetimes
-from jaxarena.models.blocks.attention import KV_DTYPES, Attention
-from jaxarena.models.blocks.mla import MLA
+from jaxarena import ArenaPlan, BufferSizes, Levers, ModelConfig, Target
+from jaxarena.models.arena_options import GUARD_BYTES, packed_plan, with_kv_dtype
+from jaxarena.models.blocks.attention import KV_DTYPES
 from jaxarena.models.checkpoint import CheckpointError, Reader, fp8_spec, open_checkpoint
 from jaxarena.models.core.kernels import resolve_kernels
 from jaxarena.models.families.registry import SUPPORTED_FAMILIES, family_for
@@ -62,7 +62,6 @@ class RequestError(ValueError):
     names the argument and the limit."""
 
 
-_GUARD_BYTES = 64
 # Compiled steps by (model, step signature, weight / arena / cache types), shared across
 # CausalLM instances.
 _EXECUTABLES: dict[Any, tuple[Any, Any]] = {}
@@ -516,7 +515,7 @@ def load_pretrained(
     cfg = ModelConfig.from_hf(root / "config.json")
     if max_lora_rank or max_loras:
         cfg = dataclasses.replace(cfg, adapter_max_rank=max_lora_rank)
-    arch = _with_kv_dtype(family.arch(model_type, raw, cfg, root, max_seq_len), kv_dtype, root)
+    arch = with_kv_dtype(family.arch(model_type, raw, cfg, root, max_seq_len), kv_dtype, root)
     target, levers = target or Target.preset("gb10"), levers or Levers()
     if mesh is not None:
         return _load_on_mesh(as_mesh(mesh), family, ckpt, cfg, arch, locals())
@@ -537,7 +536,7 @@ def load_pretrained(
             host["layers"][i] = {**host["layers"][i], "lora": tabs}
     sizes = BufferSizes.from_config(cfg, max_batch_tokens, max_seq_len, kv_block_size,
                                     max_batch_size, levers=levers, target=target)  # fmt: skip
-    plan = ArenaPlan.sequential(sizes, guard_bytes=_GUARD_BYTES)
+    plan = ArenaPlan.sequential(sizes, guard_bytes=GUARD_BYTES)
     model = ArenaLM(config=cfg, arch=arch, plan=plan, max_batch_tokens=max_batch_tokens,
                     max_seq_len=max_seq_len, kv_block_size=kv_block_size,
                     max_batch_size=max_batch_size, target=target, levers=levers,
@@ -562,7 +561,7 @@ def load_pretrained(
         caches = model.init_caches(num_blocks=kv_pages + 1, rows=rows)
         tables = jnp.zeros((rows, per_seq), jnp.int32)
     if packed:
-        plan = _packed_plan(model, sizes, params, caches, tables)
+        plan = packed_plan(model, sizes, params, caches, tables)
         model = dataclasses.replace(model, plan=plan)
     arena = model.plan.allocate()
     return CausalLM(model=model, params=params, path=str(root), model_type=model_type,
@@ -579,19 +578,11 @@ def _load_on_mesh(mesh: Any, family: Any, ckpt: Any, cfg: ModelConfig, arch: Any
         if a[what]:
             raise NotImplementedError(f"load_pretrained(mesh=...) with {what}={a[what]!r}")
 
-    def make_model(local: ModelConfig) -> ArenaLM:
-        sizes = BufferSizes.from_config(local, a["max_batch_tokens"], a["max_seq_len"],
-                                        a["kv_block_size"], a["max_batch_size"],
-                                        levers=a["levers"], target=a["target"])  # fmt: skip
-        return ArenaLM(config=local, arch=arch, plan=ArenaPlan.sequential(
-            sizes, guard_bytes=_GUARD_BYTES), max_batch_tokens=a["max_batch_tokens"],
-            max_seq_len=a["max_seq_len"], kv_block_size=a["kv_block_size"],
-            max_batch_size=a["max_batch_size"], target=a["target"], levers=a["levers"],
-            interpret=a["interpret"], kernels=a["kernels"], prefill_chunk=a["prefill_chunk"])
-
+    keys = ("max_batch_tokens", "max_seq_len", "kv_block_size", "max_batch_size", "target",
+            "levers", "interpret", "kernels", "prefill_chunk")  # fmt: skip
     model, params, arena, caches, tables, extra = load_on_mesh(
-        mesh, family, ckpt, fp8_spec(ckpt.config, ckpt.path), cfg, arch, make_model,
-        rows=a["max_batch_size"] + 1, kv_pages=a["kv_pages"], ep=a["ep"])  # fmt: skip
+        mesh, family, ckpt, fp8_spec(ckpt.config, ckpt.path), cfg, arch,
+        {k: a[k] for k in keys}, guard_bytes=GUARD_BYTES, kv_pages=a["kv_pages"], ep=a["ep"])  # fmt: skip
     if extra:
         raise CheckpointError(f"{ckpt.path}: {len(extra)} tensor(s) the {a['model_type']} layout "
                               f"does not use: {extra[:8]}")  # fmt: skip
@@ -601,44 +592,3 @@ def _load_on_mesh(mesh: Any, family: Any, ckpt: Any, cfg: ModelConfig, arch: Any
                     arena_pointer=arena.addressable_shards[0].data.unsafe_buffer_pointer(),
                     serving_pool=a["kv_pages"] is not None, mesh=mesh,
                     whole_config=cfg)  # fmt: skip
-
-
-def _with_kv_dtype(arch: Any, kv_dtype: str, root: Path) -> Any:
-    """`arch` with every attention block's paged cache in `kv_dtype`.
-
-    Raises:
-      NotImplementedError: `kv_dtype="fp8"` and MLA blocks (their latent cache: the absorbed
-        prefill and decode read bf16 latents only).
-    """
-    if kv_dtype == "bf16":
-        return arch
-    other = sorted({b.kind for b in arch.blocks if isinstance(b, MLA)})
-    if other:
-        raise NotImplementedError(
-            f"{root}: kv_dtype={kv_dtype!r} is implemented for GQA attention caches only; this "
-            f"model's {other} blocks (MLA's latent cache) keep a bf16 cache: load it with "
-            "kv_dtype='bf16'"
-        )
-    blocks = tuple(dataclasses.replace(b, kv_dtype=kv_dtype) if isinstance(b, Attention) else b
-                   for b in arch.blocks)  # fmt: skip
-    return dataclasses.replace(arch, blocks=blocks)
-
-
-def _packed_plan(model: ArenaLM, sizes: BufferSizes, params, caches, tables) -> ArenaPlan:
-    """A packed plan from the recorded lifetimes of prefill (all-token logits, the larger
-    write) and decode; buffers neither step views or writes get no region (`drop_unnamed`:
-    under the step rule most of the seed's activation buffers are XLA values)."""
-    arena = jax.ShapeDtypeStruct(model.plan.arena_shape, jnp.uint8)
-    t, s = model.max_batch_tokens, model.max_batch_size + 1
-    tok = jax.ShapeDtypeStruct((t,), jnp.int32)
-    cu = jax.ShapeDtypeStruct((s + 1,), jnp.int32)
-    rows = jax.ShapeDtypeStruct((model.max_batch_size,), jnp.int32)
-    # The one-pass prefill: a chunked one uses the same regions, inside a `lax.scan`.
-    one_pass = dataclasses.replace(model, prefill_chunk=None)
-    lt = record_lifetimes(functools.partial(one_pass.prefill, all_logits=True), params, arena,
-                          caches, tok, cu, tables[:s], mode="prefill")  # fmt: skip
-    lt = lt | record_lifetimes(model.decode_step, params, arena, caches, rows, rows,
-                               tables[: model.max_batch_size], rows, mode="decode")  # fmt: skip
-    plan = ArenaPlan.packed(sizes, lt, guard_bytes=_GUARD_BYTES, drop_unnamed=True)
-    plan.validate(lt)
-    return plan

@@ -37,7 +37,6 @@ by `tp / n` devices, the unit its query heads use. The vocabulary axis is padded
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -45,8 +44,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxarena import ModelConfig
+from jaxarena import ArenaPlan, BufferSizes, ModelConfig
 from jaxarena.models.checkpoint import CheckpointError, Reader
+from jaxarena.models.stack import ArenaLM
 
 __all__ = [
     "AXIS",
@@ -318,18 +318,25 @@ def as_mesh(mesh: Any) -> jax.sharding.Mesh:
 
 
 def load_on_mesh(mesh: jax.sharding.Mesh, family: Any, ckpt: Any, fp8: Any, config: ModelConfig,
-                 arch: Any, make_model: Callable[[ModelConfig], Any], *, rows: int,
+                 arch: Any, model_args: dict[str, Any], *, guard_bytes: int,
                  kv_pages: int | None, ep: int = 1) -> tuple[Any, ...]:  # fmt: skip
     """The pieces of a `CausalLM` spread over `mesh` (`load_pretrained(..., mesh=...)`): each
-    device's weights read from the checkpoint and placed on it, the per-device arena, zeroed
-    caches. `make_model(per-device config)` builds the `ArenaLM` (its `tp_axis` set here).
+    device's weights read from the checkpoint and placed on it, the per-device arena (the
+    sequential plan of the per-device config at the limits in `model_args`, the other
+    `ArenaLM` fields), zeroed caches.
 
     Returns:
       `(model, params, arena, caches, block_tables, unused tensor names)`.
     """
     tp = mesh.devices.size
     local = check_tensor_parallel(arch, config, tp, ep)
-    model = dataclasses.replace(make_model(local), tp_axis=AXIS, tp_vocab=config.vocab_size)
+    m = model_args
+    sizes = BufferSizes.from_config(local, m["max_batch_tokens"], m["max_seq_len"],
+                                    m["kv_block_size"], m["max_batch_size"], levers=m["levers"],
+                                    target=m["target"])  # fmt: skip
+    model = ArenaLM(config=local, arch=arch, plan=ArenaPlan.sequential(sizes, guard_bytes=guard_bytes),
+                    tp_axis=AXIS, tp_vocab=config.vocab_size, **m)  # fmt: skip
+    rows = m["max_batch_size"] + 1  # + the padding sequence of a fixed-shape prefill
     per_device, unused = {}, None
     for r, dev in enumerate(mesh.devices.flat):
         if dev.process_index != jax.process_index():
