@@ -129,7 +129,7 @@ def check_tensor_parallel(arch: Any, config: ModelConfig, tp: int, ep: int = 1) 
         return local
     problems = []
     kinds = {b.kind for b in arch.blocks}
-    if "gpt_oss_moe" in kinds or any(b.kind.startswith("gpt_oss") for b in arch.blocks):
+    if "moe_gpt_oss" in kinds:
         problems.append("gpt-oss's experts (interleaved gate/up with biases)")
     if "mamba" in kinds and config.n_groups % tp:
         problems.append(f"Mamba-2 with n_groups={config.n_groups} < tp={tp}: its gated RMSNorm "

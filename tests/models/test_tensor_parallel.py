@@ -70,3 +70,5 @@ def test_bad_meshes_are_refused():
         load_pretrained(path, **LIMITS, mesh=8)
     with pytest.raises(NotImplementedError, match="n_groups=2 < tp=4"):
         load_pretrained(CHECKPOINTS / "mamba2", **LIMITS, mesh=4)
+    with pytest.raises(NotImplementedError, match="gpt-oss's experts"):
+        load_pretrained(CHECKPOINTS / "gpt_oss", **LIMITS, mesh=2)
