@@ -27,7 +27,7 @@ def run_step_report(args: Any, error: type[Exception] = ValueError) -> int:
 
     limits = {k: getattr(args, k) for k in ("max_batch_tokens", "max_seq_len", "kv_block_size",
                                             "max_batch_size")}  # fmt: skip
-    tp, ep = _parallelism(args, error)
+    tp, ep = _parallelism(args, error, target=args.target)
     try:
         details = step_report_details(args.model, target=args.target, weights=args.weights,
                                       progress=print_progress,
@@ -79,11 +79,13 @@ def budget_step_temp(args: Any, error: type[Exception] = ValueError) -> int:
     return max(s["temp_bytes"] for s in r["steps"].values())
 
 
-def _parallelism(args: Any, error: type[Exception], what: str = "") -> tuple[int, int]:
-    """`(--tp, --ep)`, refused with `error` unless the models' mesh runs them (`ep` 1 or `tp`)."""
+def _parallelism(args: Any, error: type[Exception], what: str = "",
+                 target: str | None = None) -> tuple[int, int]:  # fmt: skip
+    """`(--tp, --ep)`, refused with `error` unless the models' mesh runs them (`ep` 1 or `tp`;
+    on the "cpu" target, as many CPU devices as `tp`)."""
     tp, ep = getattr(args, "tp", 1), getattr(args, "ep", 1)
     try:
-        check_parallelism(tp, ep)
+        check_parallelism(tp, ep, target)
     except ValueError as e:
         raise error(f"{what}--tp {tp} --ep {ep}: {e}") from None
     return tp, ep

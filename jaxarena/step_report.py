@@ -311,9 +311,10 @@ def abstract_model(
     return lm, params, caches
 
 
-def check_parallelism(tp: Any, ep: Any) -> None:
+def check_parallelism(tp: Any, ep: Any, target: str | None = None) -> None:
     """`ValueError` unless `tp` is a positive int and `ep` is 1 or `tp` (the mesh splits the
-    experts over the tensor-parallel devices themselves, `tensor_parallel`)."""
+    experts over the tensor-parallel devices themselves, `tensor_parallel`), and, for the
+    "cpu" target, this process has `tp` CPU devices."""
     for name, v in (("tp", tp), ("ep", ep)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name}={v!r} must be a positive int")
@@ -321,6 +322,10 @@ def check_parallelism(tp: Any, ep: Any) -> None:
         raise ValueError(f"ep={ep} must be 1 or equal to tp={tp}: the routed experts are split "
                          f"over the tensor-parallel devices themselves (use --tp {ep} --ep "
                          f"{ep}, or --ep 1)")  # fmt: skip
+    if target == "cpu" and tp > 1 and jax.device_count() < tp:
+        raise ValueError(f"tp={tp} on the cpu target needs {tp} CPU devices; this process has "
+                         f"{jax.device_count()} (start it with XLA_FLAGS="
+                         f"--xla_force_host_platform_device_count={tp})")  # fmt: skip
 
 
 def _check_target(target: Any) -> str:
@@ -493,7 +498,7 @@ def step_report_details(model: Any, *, target: str = "h200", steps: tuple[str, .
     bad = [s for s in steps if s not in ("prefill", "decode")]
     if bad or not steps:
         raise ValueError(f"steps={steps!r} must name 'prefill' and/or 'decode'")
-    check_parallelism(tp, ep)
+    check_parallelism(tp, ep, target)
     if target != "cpu":
         from jaxarena import gpu_aot
 
