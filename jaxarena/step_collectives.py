@@ -56,34 +56,38 @@ def _collective(kind: str) -> str | None:
     return COLLECTIVE_KINDS.get(k.removesuffix("Start"))
 
 
-def _walk(thunks: Sequence[Any], times: int, out: list[tuple[Any, int]]) -> None:
+def _walk(thunks: Sequence[Any], times: int, out: list[tuple[Any, int, bool]],
+          known: bool = True) -> None:  # fmt: skip
     for t in thunks:
         if t.kind in _CONTAINERS:
             for name, ch in t.sections.items():
-                n = times
-                if t.kind == "kWhile" and t.trip_count is not None:
+                n, k = times, known
+                if t.kind == "kWhile" and t.trip_count is None:
+                    k = False  # counted once: `unknown` says so
+                elif t.kind == "kWhile":
                     n = times * (t.trip_count if name == "body" else t.trip_count + 1
                                  if name == "condition" else 1)  # fmt: skip
                 if t.kind == "kConditional" and name != next(iter(t.sections)):
                     continue  # one branch runs: the first stands for all (as step_cost)
-                _walk(ch, n, out)
+                _walk(ch, n, out, k)
         elif _collective(t.kind) is not None:
-            out.append((t, times))
+            out.append((t, times, known))
 
 
 def collectives(hlo_text: str, thunks: Sequence[Any], names: dict[int, str]) -> dict[str, Any]:
     """`{"count", "bytes", "by_kind": {collective: {"count", "bytes"}}, "unknown"}` per step of
     a dumped compile: `count` collectives run, `bytes` their operands' bytes on one device;
-    `unknown`: collectives whose HLO instruction was not found (counted, bytes 0)."""
+    `unknown`: collectives whose HLO instruction was not found (counted, bytes 0) or that sit
+    in a while loop of unknown trip count (counted once per entry)."""
     instrs, _, _ = parse_hlo(hlo_text)
-    found: list[tuple[Any, int]] = []
+    found: list[tuple[Any, int, bool]] = []
     _walk(thunks, 1, found)
     by_kind: dict[str, dict[str, int]] = {}
     unknown = 0
-    for t, times in found:
+    for t, times, known in found:
         ins = instrs.get(names.get(t.thunk_id, ""))
+        unknown += 0 if known and ins is not None else times
         if ins is None:
-            unknown += times
             size = 0
         else:
             size = sum(shape_bytes(instrs[o].shape) for o in ins.operands if o in instrs)
