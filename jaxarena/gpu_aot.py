@@ -166,7 +166,7 @@ def gpu_device(target: str = "h200") -> Any:
         which and how to fix it.
       ValueError: unknown `target`.
     """
-    return gpu_devices(target, 1)[0]
+    return _make_devices(_check_target(target), 1)[0]
 
 
 def gpu_devices(target: str = "h200", n: int = 1) -> tuple[Any, ...]:
@@ -180,11 +180,15 @@ def gpu_devices(target: str = "h200", n: int = 1) -> tuple[Any, ...]:
     target = _check_target(target)
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n={n!r} must be a positive int (compile-only devices)")
-    return _gpu_devices(target, n)
+    return _cached_devices(target, n)
 
 
 @functools.cache
-def _gpu_devices(target: str, n: int) -> tuple[Any, ...]:
+def _cached_devices(target: str, n: int) -> tuple[Any, ...]:
+    return _make_devices(target, n)
+
+
+def _make_devices(target: str, n: int) -> tuple[Any, ...]:
     from jax.experimental import topologies
 
     text = target_config(target)
