@@ -117,4 +117,8 @@ def add_step_report_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context", type=int, default=None,
                    help="tokens each sequence attends, for the modeled time (default: 1024, "
                    "at most --max-seq-len)")  # fmt: skip
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel devices: one device's "
+                   "step over N compile-only GPUs, with its collectives (default 1)")  # fmt: skip
+    p.add_argument("--ep", type=int, default=1, help="expert parallelism: 1, or --tp to split "
+                   "the routed experts whole over the same devices (default 1)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="machine-readable output")

@@ -273,7 +273,7 @@ def cmd_budget(args: argparse.Namespace) -> int:
         raise NotImplementedError("--compiled runs the models, which do not load MXFP4 experts; "
                                   "add --weights bf16 to compile the dequantized model")  # fmt: skip
     if args.compiled:  # compiles the steps (imports jax; seconds to minutes)
-        from jaxarena.step_report import budget_step_temp
+        from jaxarena._cli_step_report import budget_step_temp
 
         b = _budget_for(args, config, step_temp=budget_step_temp(args, CliError))
     else:
@@ -420,7 +420,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_step_report(args: argparse.Namespace) -> int:
     # Imported here: jax and the models are what plan/budget/fit never import.
-    from jaxarena.step_report import run_step_report
+    from jaxarena._cli_step_report import run_step_report
 
     args.target = STEP_REPORT_TARGETS[args.target.lower()]  # hopper / h100 -> h200's sm_90a
     if args.model in presets() or _exists(args.model):  # else step_report names what is missing
@@ -490,7 +490,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_limits(f, with_tokens=False, batch_default=None)
     f.set_defaults(func=cmd_fit)
     r = sub.add_parser("step-report", help="compile the prefill and decode steps for a GPU "
-                       "(no GPU, no weights needed): temp bytes, launches, spills")  # fmt: skip
+                       "(no GPU, no weights needed): temp bytes, launches, spills, collectives")  # fmt: skip
     add_step_report_options(r)
     r.set_defaults(func=cmd_step_report)
     d = sub.add_parser("demo", help="run the reference hybrid model's decode loop on the arena")

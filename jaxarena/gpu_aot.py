@@ -68,6 +68,8 @@ __all__ = [
     "compile_for_gpu",
     "count_launches",
     "gpu_device",
+    "gpu_devices",
+    "gpu_mesh",
     "on_gpu",
     "parse_ptxas_output",
     "parse_thunk_sequence",
@@ -164,14 +166,37 @@ def gpu_device(target: str = "h200") -> Any:
         which and how to fix it.
       ValueError: unknown `target`.
     """
+    return _make_devices(_check_target(target), 1)[0]
+
+
+def gpu_devices(target: str = "h200", n: int = 1) -> tuple[Any, ...]:
+    """`n` compile-only devices of the given GPU in one host (topology `1x1xn`), for programs
+    sharded over them (`gpu_mesh`, `compile_for_gpu(mesh=...)`); as `gpu_device` otherwise.
+    The same `(target, n)` gives the same device objects (meshes over them compare equal).
+
+    Raises:
+      GpuUnavailable: as `gpu_device`. ValueError: unknown `target`, `n` not a positive int.
+    """
     target = _check_target(target)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n={n!r} must be a positive int (compile-only devices)")
+    return _cached_devices(target, n)
+
+
+@functools.cache
+def _cached_devices(target: str, n: int) -> tuple[Any, ...]:
+    return _make_devices(target, n)
+
+
+def _make_devices(target: str, n: int) -> tuple[Any, ...]:
     from jax.experimental import topologies
 
     text = target_config(target)
 
-    def make() -> Any:
-        topo = topologies.get_topology_desc(platform="cuda", target_config=text, topology="1x1x1")
-        return topo.devices[0]
+    def make() -> tuple[Any, ...]:
+        topo = topologies.get_topology_desc(platform="cuda", target_config=text,
+                                            topology=f"1x1x{n}")  # fmt: skip
+        return tuple(topo.devices)
 
     module_name = _cuda_plugin_module()
     if module_name is None:
@@ -202,8 +227,13 @@ def gpu_device(target: str = "h200") -> Any:
         ) from e
 
 
+def gpu_mesh(n: int, target: str = "h200", axis: str = "tp") -> jax.sharding.Mesh:
+    """A one-axis mesh (`axis`) of `n` compile-only `target` devices (`gpu_devices`)."""
+    return jax.sharding.Mesh(np.asarray(gpu_devices(target, n), dtype=object), (axis,))
+
+
 @contextlib.contextmanager
-def abstract_gpu(target: str = "h200") -> Iterator[None]:
+def abstract_gpu(target: str = "h200", mesh: jax.sharding.Mesh | None = None) -> Iterator[None]:
     """Context in which Pallas lowers for `target` though the process has no GPU.
 
     jax >= 0.11 refuses to lower a Pallas-Triton call with no GPU unless an abstract GPU device
@@ -211,10 +241,16 @@ def abstract_gpu(target: str = "h200") -> Iterator[None]:
     used (with `Explicit` axes the arena writes fail with a sharding mismatch). jax 0.10.2 has
     the same names (`jax.sharding.AbstractMesh`, `AbstractDevice`, `AxisType`,
     `use_abstract_mesh`) and is unaffected by it; on jax 0.8.x (whose `AbstractDevice` takes no
-    platform) this context does nothing.
+    platform) this context does nothing. With `mesh` (compile-only devices, `gpu_mesh`) the
+    context is that mesh's abstract mesh: a `shard_map` over `mesh` must match it.
     """
     _, kind = TARGETS[_check_target(target)]
     from jax.sharding import AbstractDevice, AbstractMesh, AxisType, use_abstract_mesh
+
+    if mesh is not None:
+        with use_abstract_mesh(mesh.abstract_mesh):
+            yield
+        return
 
     try:
         device = AbstractDevice(kind, 1, "cuda")
@@ -227,12 +263,24 @@ def abstract_gpu(target: str = "h200") -> Iterator[None]:
         yield
 
 
-def on_gpu(tree: Any, target: str = "h200") -> Any:
+def on_gpu(tree: Any, target: str = "h200", mesh: jax.sharding.Mesh | None = None) -> Any:
     """Replaces every array-like leaf (array, `ShapeDtypeStruct`, numpy array) of `tree` by a
-    `ShapeDtypeStruct` placed on `gpu_device(target)`; other leaves are kept as they are."""
-    sharding = jax.sharding.SingleDeviceSharding(gpu_device(target))
+    `ShapeDtypeStruct` placed on `gpu_device(target)`; other leaves are kept as they are.
+
+    With `mesh` (of compile-only devices, `gpu_mesh`): a `ShapeDtypeStruct` that already
+    carries a `NamedSharding` over `mesh` keeps it; every other array-like leaf is replicated
+    over `mesh` (`PartitionSpec()`).
+    """
+    if mesh is None:
+        sharding = jax.sharding.SingleDeviceSharding(gpu_device(target))
+    else:
+        sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
 
     def place(leaf: Any) -> Any:
+        if mesh is not None and isinstance(leaf, jax.ShapeDtypeStruct):
+            own = getattr(leaf, "sharding", None)
+            if isinstance(own, jax.sharding.NamedSharding) and own.mesh == mesh:
+                return leaf
         if isinstance(leaf, jax.ShapeDtypeStruct | jax.Array | np.ndarray):
             return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding)
         return leaf
@@ -311,6 +359,7 @@ def compile_for_gpu(
     no_spills: bool = True,
     dump_dir: str | os.PathLike | bool | None = None,
     compiler_options: dict[str, Any] | None = None,
+    mesh: jax.sharding.Mesh | None = None,
     **kwargs: Any,
 ) -> GpuCompiled:
     """Compiles `fn(*args, **kwargs)` for `target` on this (CPU-only) machine.
@@ -332,6 +381,10 @@ def compile_for_gpu(
         folder, analyzed and removed. The dump is set per compile
         (`compiler_options={"xla_dump_to": ...}`): no XLA_FLAGS, no subprocess needed.
       compiler_options: more XLA options for this compile.
+      mesh: None: one device. A mesh of compile-only devices (`gpu_mesh(n, target)`): the
+        program is compiled for all of them (SPMD); leaves carrying a `NamedSharding` over
+        `mesh` keep it, the others are replicated (`on_gpu`). The memory analysis, launches
+        and kernels are then one device's.
 
     Returns:
       A `GpuCompiled` with the footprint, optimized HLO, and (with a dump) the thunk tree,
@@ -371,10 +424,10 @@ def compile_for_gpu(
         # every Triton pass' IR, several times slower to write).
         options.setdefault("xla_dump_emitter_re", _DUMP_PTX_ONLY)
     try:
-        placed_args = on_gpu(args, device_target)
-        placed_kwargs = on_gpu(kwargs, device_target)
+        placed_args = on_gpu(args, device_target, mesh)
+        placed_kwargs = on_gpu(kwargs, device_target, mesh)
         start = time.perf_counter()
-        with abstract_gpu(device_target):
+        with abstract_gpu(device_target, mesh):
             lowered = jitted.trace(*placed_args, **placed_kwargs).lower()
         try:
             compiled = lowered.compile(compiler_options=options)

@@ -18,6 +18,10 @@ no weight is read. A 70B model reports on a laptop.
   no-spill switch off so a spilling kernel is counted, not fatal.
 - `cpu` compiles for this machine's CPU (Pallas kernels in interpret mode): memory analysis
   only; launches, copies and spills are None.
+- `tp=N` (`ep` 1 or N): one device's model (`ModelConfig.shard`, `tp_axis` set) compiled as
+  `tensor_parallel.shard_step` over N compile-only devices of the target (a `1x1xN`
+  topology, `gpu_aot.gpu_mesh`): every figure is one device's, and each step reports its
+  collectives (count and bytes per step against the minimum, `jaxarena.step_collectives`).
 
 The dict `step_report` returns is what `jaxarena step-report --json` prints.
 """
@@ -26,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -43,10 +46,17 @@ from jaxarena._units import format_bytes, plural
 from jaxarena.models.checkpoint import DTYPES, Reader, fp8_spec, open_checkpoint
 from jaxarena.models.families.registry import family_for
 from jaxarena.models.stack import ArenaLM
+from jaxarena.step_collectives import (
+    collective_minimum,
+    collectives,
+    format_collectives,
+    link_seconds,
+)
 from jaxarena.step_model import COST_KEYS, format_model, model_step
 from pallas_kernels._cost import new_session
 
-__all__ = ["STEP_KEYS", "TARGETS", "ModelSource", "abstract_model", "step_args", "step_report"]
+__all__ = ["STEP_KEYS", "TARGETS", "ModelSource", "abstract_model", "check_parallelism",
+           "compile_step", "step_args", "step_report", "step_report_details"]  # fmt: skip
 
 TARGETS = ("h200", "b200", "cpu")
 # The sizing `Target` each compile target's plan is built for (the split-K workspace and
@@ -54,8 +64,8 @@ TARGETS = ("h200", "b200", "cpu")
 # `load_pretrained` does.
 SIZING_TARGETS = {"h200": "hopper", "b200": "b200", "cpu": "gb10"}
 # The keys of each step's entry, in order (`decode` has "batch" where `prefill` has "tokens").
-STEP_KEYS = ("temp_bytes", "alias_bytes", "launches", "copies", "spills", "compile_seconds",
-             *COST_KEYS)
+STEP_KEYS = ("temp_bytes", "alias_bytes", "launches", "copies", "spills", "collectives",
+             "compile_seconds", *COST_KEYS)  # fmt: skip
 # Thunk kinds that move bytes rather than compute (`jaxarena.gpu_dump` counts them as launches).
 COPY_KINDS = frozenset({"kCopy", "kDeviceToDeviceCopy", "kCopyDone"})
 # As `load_pretrained` builds its plan (guard bytes between regions).
@@ -63,6 +73,7 @@ GUARD_BYTES = 64
 
 S = jax.ShapeDtypeStruct
 I32 = jnp.int32
+TP_AXIS = "tp"  # `jaxarena.models.tensor_parallel.AXIS` (imported lazily: the models' module)
 
 
 # -- where the model comes from ---------------------------------------------------------------
@@ -131,12 +142,25 @@ class _ShapeReader(Reader):
     it; it is small).
     """
 
-    def __init__(self, ckpt: Any, fp8: Any, float_dtype: np.dtype) -> None:
+    def __init__(self, ckpt: Any, fp8: Any, float_dtype: np.dtype, *, tp: int = 1,
+                 ep: int = 1) -> None:  # fmt: skip
         super().__init__(ckpt, fp8)
         self.float_dtype = float_dtype
+        self.tp, self.ep = tp, ep
+
+    def expert_ids(self, num_experts: int) -> range:
+        """One device's routed experts: all with `ep == 1`, else the first device's
+        `num_experts / ep` (every device holds as many; `tensor_parallel.ShardReader`)."""
+        return range(num_experts if self.ep == 1 else num_experts // self.ep)
 
     def raw(self, name: str, shape: tuple[int, ...], dtypes: Any) -> np.ndarray:
         if self.ckpt is not None:
+            shape = tuple(shape)
+            if self.tp > 1 and name in self.ckpt and self.ckpt.shape(name) != shape:
+                # One device's slice (`tensor_parallel.ShardReader` cuts it): the name and the
+                # dtype are checked against the header, the shape is the per-device one.
+                view = super().raw(name, self.ckpt.shape(name), dtypes)
+                return np.broadcast_to(np.zeros((), view.dtype), shape)
             view = super().raw(name, shape, dtypes)
             return np.broadcast_to(np.zeros((), view.dtype), view.shape)
         self.used.add(name)
@@ -176,15 +200,17 @@ class _ShapeReader(Reader):
 
 
 def _abstract_params(source: ModelSource, arch: Any, raw: dict[str, Any], *,
-                     headers: bool = True) -> dict[str, Any]:  # fmt: skip
+                     headers: bool = True, local: ModelConfig | None = None, tp: int = 1,
+                     ep: int = 1) -> dict[str, Any]:  # fmt: skip
     """The weights `load_pretrained` would place, as `ShapeDtypeStruct`s (the same tree as
     `Family.read_params`: `{"embed", "layers", "final_norm"[, "lm_head"]}`); `headers`: check
-    them against the checkpoint's safetensors headers (when there is a checkpoint)."""
-    cfg = source.config
+    them against the checkpoint's safetensors headers (when there is a checkpoint). `local`:
+    one device's config over `tp` / `ep` (`ModelConfig.shard`): one device's weights."""
     family = family_for(raw.get("model_type"), source.path)
+    names = family.tensor_names(source.config, arch)
+    cfg = source.config if local is None else local
     ckpt = source.checkpoint if headers else None
-    reader = _ShapeReader(ckpt, fp8_spec(raw, source.path), _float_dtype(raw))
-    names = family.tensor_names(cfg, arch)
+    reader = _ShapeReader(ckpt, fp8_spec(raw, source.path), _float_dtype(raw), tp=tp, ep=ep)
     h, v = cfg.hidden_size, cfg.vocab_size
     layers = [block.read_params(reader, cfg, prefix, norm)
               for block, (prefix, norm) in zip(arch.blocks, names.blocks, strict=True)]  # fmt: skip
@@ -205,6 +231,8 @@ def abstract_model(
     kv_block_size: int = 16,
     max_batch_size: int = 64,
     weights: str | None = None,
+    tp: int = 1,
+    ep: int = 1,
 ) -> tuple[ArenaLM, Any, Any]:
     """The `ArenaLM` of `model` at these limits with abstract weights and caches.
 
@@ -216,15 +244,22 @@ def abstract_model(
       weights: None: as the checkpoint / config stores them; "fp8": FP8 block-scaled linear
         weights even when the config is float (as `--weights fp8` budgets them); "bf16": float
         (`torch_dtype`). Given, a checkpoint's headers are not consulted.
+      tp, ep: tensor / expert parallelism (`jaxarena.models.tensor_parallel`; `ep` 1 or `tp`):
+        > 1, the model is ONE device's (`ModelConfig.shard(tp=, ep=)`, `tp_axis` set, the
+        whole vocabulary in `tp_vocab`), its plan, weights and caches one device's, with no
+        device axis (`compile_step` adds it). A checkpoint's headers are checked for names
+        and dtypes; the shapes are the per-device ones.
 
     Returns:
       `(model, params, caches)`; params and caches are trees of `ShapeDtypeStruct`s.
 
     Raises:
-      ConfigError: bad limits, an unreadable config; NotImplementedError: a family or feature
-      the models do not run; CheckpointError: headers that do not fit the config.
+      ConfigError: bad limits, an unreadable config, a dimension that does not split over
+      `tp`; ValueError: `ep` other than 1 or `tp`; NotImplementedError: a family or feature
+      the models do not run (or do not split); CheckpointError: headers that do not fit.
     """
     target = _check_target(target)
+    check_parallelism(tp, ep)
     source = model if isinstance(model, ModelSource) else ModelSource(model)
     raw = dict(source.raw)
     if weights == "fp8" and "quantization_config" not in raw:
@@ -244,6 +279,11 @@ def abstract_model(
         # The families name `<folder>/config.json`; a preset or a config file has its own name.
         raise NotImplementedError(str(e).replace(str(source.path / "config.json"),
                                                  cfg.source)) from None  # fmt: skip
+    whole = cfg
+    if tp > 1:
+        from jaxarena.models.tensor_parallel import check_tensor_parallel
+
+        cfg = check_tensor_parallel(arch, whole, tp, ep)
     sizing = Target.preset(SIZING_TARGETS[target])
     levers = Levers()
     sizes = BufferSizes.from_config(cfg, max_batch_tokens, max_seq_len, kv_block_size,
@@ -256,8 +296,11 @@ def abstract_model(
                  max_seq_len=max_seq_len, kv_block_size=kv_block_size,
                  max_batch_size=max_batch_size, target=sizing, levers=levers,
                  interpret=None if target == "cpu" else False)  # fmt: skip
+    if tp > 1:
+        lm = dataclasses.replace(lm, tp_axis=TP_AXIS, tp_vocab=whole.vocab_size)
     # A weight format other than the checkpoint's: shapes from the config, dtypes from `weights`.
-    params = _abstract_params(source, arch, raw, headers=weights is None)
+    params = _abstract_params(source, arch, raw, headers=weights is None,
+                              local=cfg if tp > 1 else None, tp=tp, ep=ep)  # fmt: skip
     rows = max_batch_size + 1  # as load_pretrained: + the padding sequence of a prefill
     # The KV page pool: one longest sequence's pages. A step's cost does not depend on the
     # pool's size (the pages are indexed in place), and a pool of every slot at full length
@@ -266,6 +309,23 @@ def abstract_model(
     pool = lm.pages_per_seq
     caches = jax.eval_shape(lambda: lm.init_caches(num_blocks=pool, rows=rows))
     return lm, params, caches
+
+
+def check_parallelism(tp: Any, ep: Any, target: str | None = None) -> None:
+    """`ValueError` unless `tp` is a positive int and `ep` is 1 or `tp` (the mesh splits the
+    experts over the tensor-parallel devices themselves, `tensor_parallel`), and, for the
+    "cpu" target, this process has `tp` CPU devices."""
+    for name, v in (("tp", tp), ("ep", ep)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name}={v!r} must be a positive int")
+    if ep not in (1, tp):
+        raise ValueError(f"ep={ep} must be 1 or equal to tp={tp}: the routed experts are split "
+                         f"over the tensor-parallel devices themselves (use --tp {ep} --ep "
+                         f"{ep}, or --ep 1)")  # fmt: skip
+    if target == "cpu" and tp > 1 and jax.device_count() < tp:
+        raise ValueError(f"tp={tp} on the cpu target needs {tp} CPU devices; this process has "
+                         f"{jax.device_count()} (start it with XLA_FLAGS="
+                         f"--xla_force_host_platform_device_count={tp})")  # fmt: skip
 
 
 def _check_target(target: Any) -> str:
@@ -306,39 +366,79 @@ def _count(thunks: Any, kinds: frozenset[str]) -> int | None:
 
 
 def compile_step(lm: ArenaLM, params: Any, caches: Any, kind: str, target: str, *,
-                 context: int | None = None) -> dict[str, Any]:  # fmt: skip
+                 context: int | None = None, tp: int = 1) -> dict[str, Any]:  # fmt: skip
     """Compiles one step (`"prefill"` or `"decode"`) of `abstract_model`'s result for `target`
     and returns `{"temp_bytes", "alias_bytes", "argument_bytes", "launches", "copies",
-    "spills", "compile_seconds", *COST_KEYS}` (`spills`: kernels that spill registers;
-    launches, copies, spills and the cost model's keys (`jaxarena.step_model`, for a
-    workload of `context` tokens per sequence, default `default_context`) None on "cpu").
+    "spills", "collectives", "compile_seconds", *COST_KEYS}` (`spills`: kernels that spill
+    registers; launches, copies, spills, collectives and the cost model's keys
+    (`jaxarena.step_model`, for a workload of `context` tokens per sequence, default
+    `default_context`) None on "cpu").
+
+    `tp > 1` (the model `abstract_model(..., tp=tp)` built): the step runs as
+    `tensor_parallel.shard_step` over `tp` compile-only devices (`gpu_aot.gpu_mesh`; on "cpu"
+    this process' first `tp` devices); params and caches get the leading device axis, the
+    arena is the sharded global arena. Every figure is one device's; `collectives` counts the
+    collectives per step and the bytes each device hands them (`jaxarena.step_collectives`).
 
     Raises:
       GpuUnavailable: a GPU target without the CUDA plugin (`jaxarena.gpu_aot.gpu_device`).
     """
     fn, extra = step_args(lm, kind)
     arena = S(lm.plan.arena_shape, jnp.uint8)
+    mesh = None
+    if tp > 1:
+        from jaxarena.models.tensor_parallel import shard_step, tp_mesh
+
+        if target == "cpu":
+            mesh = tp_mesh(tp)
+        else:
+            from jaxarena.gpu_aot import gpu_mesh
+
+            mesh = gpu_mesh(tp, target, TP_AXIS)
+        fn = shard_step(fn, mesh)
+        params, caches, arena = _on_mesh(params, mesh), _on_mesh(caches, mesh), S(
+            (tp * arena.shape[0], arena.shape[1]), arena.dtype,
+            sharding=lm.plan.sharding(mesh, TP_AXIS))  # fmt: skip
     step = jax.jit(fn, donate_argnums=(1, 2))
     new_session()  # the Pallas kernels' cost declarations from here on are this step's
     if target == "cpu":
+        if mesh is not None:
+            extra = tuple(S(a.shape, a.dtype, sharding=jax.sharding.NamedSharding(
+                mesh, jax.sharding.PartitionSpec())) for a in extra)  # fmt: skip
         t0 = time.perf_counter()
         compiled = step.trace(params, arena, caches, *extra).lower().compile()
         seconds = time.perf_counter() - t0
         m = compiled.memory_analysis()
         return {"temp_bytes": int(m.temp_size_in_bytes), "alias_bytes": int(m.alias_size_in_bytes),
                 "argument_bytes": int(m.argument_size_in_bytes), "launches": None,
-                "copies": None, "spills": None, "compile_seconds": seconds,
-                **dict.fromkeys(COST_KEYS)}  # fmt: skip
+                "copies": None, "spills": None, "collectives": None,
+                "compile_seconds": seconds, **dict.fromkeys(COST_KEYS)}  # fmt: skip
     from jaxarena.gpu_aot import compile_for_gpu
 
     res = compile_for_gpu(step, params, arena, caches, *extra, target=target, no_spills=False,
-                          dump_dir=True)  # fmt: skip
+                          dump_dir=True, mesh=mesh)  # fmt: skip
+    if mesh is not None:  # the cost model reads one device's weights and caches
+        params, caches = _local(params), _local(caches)
+    coll = collectives(res.hlo_text, res.thunks, res.thunk_names)
+    coll.update(collective_minimum(lm, kind, tp))
+    coll["link_seconds"] = link_seconds(coll, tp, target)
     return {"temp_bytes": res.temp_bytes, "alias_bytes": res.alias_bytes,
             "argument_bytes": res.argument_bytes, "launches": res.launches,
             "copies": _count(res.thunks, COPY_KINDS),
             "spills": sum(1 for k in res.kernels if k.spill_store_bytes or k.spill_load_bytes),
-            "compile_seconds": res.compile_seconds,
+            "collectives": coll, "compile_seconds": res.compile_seconds,
             **model_step(res, lm, params, caches, kind, context=context)}  # fmt: skip
+
+
+def _on_mesh(tree: Any, mesh: Any) -> Any:
+    """One device's abstract arrays as `[tp, ...]` arrays sharded over the mesh's axis."""
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(TP_AXIS))
+    tp = mesh.devices.size
+    return jax.tree.map(lambda a: S((tp, *a.shape), a.dtype, sharding=sharding), tree)
+
+
+def _local(tree: Any) -> Any:
+    return jax.tree.map(lambda a: S(a.shape[1:], a.dtype), tree)
 
 
 def _nbytes(tree: Any) -> int:
@@ -358,11 +458,14 @@ def step_report(
     steps: tuple[str, ...] = ("prefill", "decode"),
     progress: Callable[[str], None] | None = None,
     context: int | None = None,
+    tp: int = 1,
+    ep: int = 1,
 ) -> dict[str, Any]:
     """Compiles the prefill and decode steps of `model` for `target` (see the module docstring).
 
     Args:
-      model, target, limits, weights: as for `abstract_model`.
+      model, target, limits, weights, tp, ep: as for `abstract_model` (tp > 1: one device's
+        step over `tp` compile-only devices, every figure one device's; `compile_step`).
       steps: which steps to compile (both by default).
       context: the workload the time is modeled for: tokens each decode sequence attends,
         tokens of each prompt a prefill step's tokens are cut into
@@ -370,7 +473,7 @@ def step_report(
       progress: called with a line before each compile ("compiling decode for h200 ...").
 
     Returns:
-      `{"target", "arena_bytes", "weight_bytes", "steps": {"prefill": {"tokens", *STEP_KEYS},
+      `{"target", "tp", "ep", "arena_bytes", "weight_bytes", "steps": {"prefill": {"tokens", *STEP_KEYS},
       "decode": {"batch", *STEP_KEYS}}}` (only the steps asked for), plus nothing else; the
       caches' and arguments' bytes and the layer count are in `step_details` of the
       `details=` ... see `step_report_details`.
@@ -381,30 +484,36 @@ def step_report(
     return step_report_details(model, target=target, max_batch_tokens=max_batch_tokens,
                                max_seq_len=max_seq_len, kv_block_size=kv_block_size,
                                max_batch_size=max_batch_size, weights=weights, steps=steps,
-                               progress=progress, context=context)["report"]  # fmt: skip
+                               progress=progress, context=context, tp=tp,
+                               ep=ep)["report"]  # fmt: skip
 
 
 def step_report_details(model: Any, *, target: str = "h200", steps: tuple[str, ...] = (
         "prefill", "decode"), progress: Callable[[str], None] | None = None,
-        context: int | None = None, **limits: Any) -> dict[str, Any]:  # fmt: skip
+        context: int | None = None, tp: int = 1, ep: int = 1,
+        **limits: Any) -> dict[str, Any]:  # fmt: skip
     """`{"report": step_report's dict, "argument_bytes": {step: bytes}, "cache_bytes",
     "layers", "model_type"}`: the report and what the text output prints beside it."""
     target = _check_target(target)
     bad = [s for s in steps if s not in ("prefill", "decode")]
     if bad or not steps:
         raise ValueError(f"steps={steps!r} must name 'prefill' and/or 'decode'")
+    check_parallelism(tp, ep, target)
     if target != "cpu":
-        from jaxarena.gpu_aot import gpu_device
+        from jaxarena import gpu_aot
 
-        gpu_device(target)  # GpuUnavailable before any work or progress line
-    lm, params, caches = abstract_model(model, target=target, **limits)
-    report: dict[str, Any] = {"target": target, "arena_bytes": lm.plan.total_bytes,
+        # GpuUnavailable before any work or progress line
+        gpu_aot.gpu_device(target) if tp == 1 else gpu_aot.gpu_devices(target, tp)
+    lm, params, caches = abstract_model(model, target=target, tp=tp, ep=ep, **limits)
+    report: dict[str, Any] = {"target": target, "tp": tp, "ep": ep,
+                              "arena_bytes": lm.plan.total_bytes,
                               "weight_bytes": _nbytes(params), "steps": {}}  # fmt: skip
     arguments = {}
     for kind in steps:
         if progress is not None:
-            progress(f"compiling {kind} for {target} ...")
-        got = compile_step(lm, params, caches, kind, target, context=context)
+            where = target if tp == 1 else f"{tp} x {target} (tp={tp}, ep={ep})"
+            progress(f"compiling {kind} for {where} ...")
+        got = compile_step(lm, params, caches, kind, target, context=context, tp=tp)
         arguments[kind] = got.pop("argument_bytes")
         first = ("tokens", lm.max_batch_tokens) if kind == "prefill" else \
             ("batch", lm.max_batch_size)  # fmt: skip
@@ -416,11 +525,6 @@ def step_report_details(model: Any, *, target: str = "h200", steps: tuple[str, .
         "layers": lm.config.num_hidden_layers,
         "model_type": lm.config.model_type,
     }
-
-
-def print_progress(line: str) -> None:
-    """Progress lines go to stderr (the report itself to stdout)."""
-    print(line, file=sys.stderr, flush=True)
 
 
 def _row(kind: str, step: dict[str, Any], arguments: int, layers: int) -> list[str]:
@@ -438,8 +542,11 @@ def format_report(details: dict[str, Any], name: str, limits: dict[str, int]) ->
     """The text `jaxarena step-report` prints for `step_report_details`' result."""
     r = details["report"]
     how = "this CPU, memory analysis only" if r["target"] == "cpu" else "deviceless compile"
+    where = r["target"]
+    if r.get("tp", 1) > 1:
+        where = f"{r['tp']} x {where} (tp={r['tp']}, ep={r['ep']}; figures per device)"
     lines = [
-        f"{name} [{details['model_type']}] on {r['target']} ({how}), "
+        f"{name} [{details['model_type']}] on {where} ({how}), "
         + ", ".join(f"{k}={v}" for k, v in limits.items()),
         f"arena {format_bytes(r['arena_bytes'])} ({r['arena_bytes']:,} B), weights "
         f"{format_bytes(r['weight_bytes'])}, KV/state caches {format_bytes(details['cache_bytes'])}"
@@ -457,60 +564,4 @@ def format_report(details: dict[str, Any], name: str, limits: dict[str, int]) ->
     lines.append("temp: XLA's buffers outside the arguments (beyond the arena); alias: outputs "
                  "written into the donated arena and caches; launches: kernels + copies + "
                  "memsets per call")  # fmt: skip
-    return "\n".join(lines + format_model(r["steps"]))
-
-
-def run_step_report(args: Any, error: type[Exception] = ValueError) -> int:
-    """What `jaxarena step-report` runs (the parser is in `jaxarena.cli`); input problems
-    raise `error` (the CLI's one-line error) or the library's ConfigError /
-    NotImplementedError / CheckpointError. Returns the exit status 0."""
-    from jaxarena.gpu_dump import GpuUnavailable
-
-    limits = {k: getattr(args, k) for k in ("max_batch_tokens", "max_seq_len", "kv_block_size",
-                                            "max_batch_size")}  # fmt: skip
-    try:
-        details = step_report_details(args.model, target=args.target, weights=args.weights,
-                                      progress=print_progress,
-                                      context=getattr(args, "context", None), **limits)  # fmt: skip
-    except GpuUnavailable as e:
-        raise error(f"--target {args.target} needs a compile-only GPU: {e.reason}") from None
-    if args.json:
-        print(json.dumps(details["report"], indent=2))
-    else:
-        print(format_report(details, args.model, limits))
-    return 0
-
-
-# The compile target of `jaxarena budget --target NAME --compiled`.
-BUDGET_COMPILE_TARGETS = {"hopper": "h200", "b200": "b200"}
-
-
-def budget_step_temp(args: Any, error: type[Exception] = ValueError) -> int:
-    """What `jaxarena budget --compiled` reserves for XLA: the larger temp of the prefill and
-    decode steps compiled for the budget's target at its limits (`step_report`).
-
-    Raises:
-      error: a target with no compile-only device here (`--target` other than hopper / b200,
-        or no CUDA plugin). NotImplementedError: a mesh (tp / ep > 1), an FP8 KV cache or
-        bf16 states (the models run one device, bf16 KV, f32 states), or a family the models
-        do not run.
-    """
-    from jaxarena.gpu_dump import GpuUnavailable
-
-    name = getattr(args.target, "name", args.target)
-    if name not in BUDGET_COMPILE_TARGETS:
-        raise error(f"--compiled compiles for --target hopper (an H200) or b200, not {name!r}")
-    if args.tp != 1 or args.ep != 1:
-        raise NotImplementedError("--compiled compiles one device's model: tp=1, ep=1 only")
-    if args.kv_dtype != "bf16" or args.state_dtype != "f32":
-        raise NotImplementedError("--compiled runs the models' bf16 KV cache and f32 states "
-                                  "(--kv-dtype bf16 --state-dtype f32)")  # fmt: skip
-    target = BUDGET_COMPILE_TARGETS[name]
-    limits = {k: getattr(args, k) for k in ("max_batch_tokens", "max_seq_len", "kv_block_size",
-                                            "max_batch_size")}  # fmt: skip
-    try:
-        r = step_report(args.model, target=target, weights=args.weights,
-                        progress=print_progress, **limits)  # fmt: skip
-    except GpuUnavailable as e:
-        raise error(f"--compiled needs a compile-only {target}: {e.reason}") from None
-    return max(s["temp_bytes"] for s in r["steps"].values())
+    return "\n".join(lines + format_collectives(r["steps"]) + format_model(r["steps"]))

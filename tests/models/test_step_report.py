@@ -107,7 +107,8 @@ def test_json_schema_and_text(capsys, tmp_path):
     assert main(["step-report", str(tmp_path), "--target", "cpu", "--json", *limits]) == 0
     out, err = capsys.readouterr()
     r = json.loads(out)
-    assert list(r) == ["target", "arena_bytes", "weight_bytes", "steps"]
+    assert list(r) == ["target", "tp", "ep", "arena_bytes", "weight_bytes", "steps"]
+    assert (r["tp"], r["ep"]) == (1, 1)
     assert list(r["steps"]) == ["prefill", "decode"]
     assert list(r["steps"]["prefill"]) == ["tokens", *STEP_KEYS]
     assert list(r["steps"]["decode"]) == ["batch", *STEP_KEYS]
@@ -144,6 +145,12 @@ def test_json_schema_and_text(capsys, tmp_path):
         (["tiny-hybrid", "--target", "cpu", "--max-batch-tokens", "0"], "max_batch_tokens=0"),
         (["tiny-hybrid", "--target", "cpu", "--kv-block-size", "0"], "--kv-block-size 0 must be a power of two"),
         (["no-such-model", "--target", "cpu"], "no preset, config.json or checkpoint"),
+        # issue 42: the mesh splits the experts over the tensor-parallel devices themselves
+        (["qwen3-30b-a3b", "--target", "cpu", "--tp", "2", "--ep", "4"],
+         "--tp 2 --ep 4: ep=4 must be 1 or equal to tp=2"),
+        (["qwen3-30b-a3b", "--target", "cpu", "--tp", "0"], "tp=0 must be a positive int"),
+        (["mamba2-2.7b", "--target", "cpu", "--tp", "2"], "Mamba-2 with n_groups=1 < tp=2"),
+        (["qwen3-8b", "--target", "cpu", "--tp", "4096"], "tp=4096 on the cpu target needs 4096"),
     ],
 )
 def test_bad_input_is_one_line(capsys, argv, needle):

@@ -114,7 +114,8 @@ def test_budget_text_and_json_say_estimated(capsys):
     "extra, needle",
     [
         (["--target", "gb10"], "--compiled compiles for --target hopper (an H200) or b200"),
-        (["--target", "hopper", "--tp", "2"], "tp=1, ep=1 only"),
+        (["--target", "hopper", "--tp", "2", "--ep", "4"],
+         "--compiled: --tp 2 --ep 4: ep=4 must be 1 or equal to tp=2"),
         (["--target", "hopper", "--kv-dtype", "fp8"], "bf16 KV cache"),
     ],
 )
@@ -122,3 +123,25 @@ def test_compiled_bad_input_is_one_line(capsys, extra, needle):
     assert main(["budget", "qwen3-8b", "--memory", "141GB", "--compiled", *extra]) == 2
     out, err = capsys.readouterr()
     assert out == "" and needle in err and err.count("\n") == 1, err
+
+
+def test_compiled_over_a_mesh_reserves_one_devices_temp(capsys, monkeypatch):
+    """`budget --compiled --tp 4 --ep 4` compiles one device's steps over 4 devices
+    (`step_report(tp=4, ep=4)`, stubbed here: the compile itself is in
+    tests/gpu/test_step_report_tp_gpu.py) and reserves the larger of their temps."""
+    from jaxarena import step_report
+
+    calls = []
+
+    def fake(model, **kw):
+        calls.append((model, kw["target"], kw["tp"], kw["ep"]))
+        return {"steps": {"prefill": {"temp_bytes": 7_000}, "decode": {"temp_bytes": 9_000}}}
+
+    monkeypatch.setattr(step_report, "step_report", fake)
+    argv = ["budget", "qwen3-30b-a3b", "--memory", "141GB", "--target", "hopper", "--tp", "4",
+            "--ep", "4", "--json", "--compiled"]  # fmt: skip
+    assert main(argv) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert calls == [("qwen3-30b-a3b", "h200", 4, 4)]
+    assert (got["reserve_source"], got["step_temp_bytes"]) == ("compiled", 9_000)
+    assert (got["tp"], got["ep"]) == (4, 4)
