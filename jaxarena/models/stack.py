@@ -286,8 +286,10 @@ class ArenaLM:
             arena, block_ctx = put(self.plan, arena, "norm_output", normed), ctx
         step = block.decode if mode == "decode" else block.prefill
         arena, cache, out = step(env, p, arena, cache, block_ctx)
-        if self.tp_axis is not None:  # the row-parallel output projection's partial sums
-            out = lax.psum(out, self.tp_axis)
+        if self.tp_axis is not None:
+            # The row-parallel output projections' partial sums, all-reduced in bf16 (the
+            # activation dtype, as vLLM and Megatron-LM reduce): half the bytes of float32.
+            out = lax.psum(out.astype(BF16), self.tp_axis).astype(F32)
         if "post_norm" in p:
             out = rms_norm(out, p["post_norm"], eps)
         h = stored(h + out)

@@ -62,7 +62,7 @@ def bound(lm, ref, name: str, tp: int):
     count = base_count(name, lm.config)
 
     def sharded_count(b):
-        return count(b) + 1
+        return count(b) + 2
 
     return moe_tests.bf16_atol(lm, ref, sharded_count), sharded_count
 

@@ -339,8 +339,9 @@ class MoE(StatelessBlock):
         held = _experts_held(p["w_down"]) if env.tp_axis is not None else e
         if held < e:
             # Expert parallelism: this device holds experts [r held, (r + 1) held); the picks
-            # of the others go to a group past its weights (no GEMM rows, zeroed below), and
-            # the block's all-reduce adds the devices' partial outputs.
+            # of the others go to a group past its weights, whose rows the grouped GEMMs
+            # write as zeros (their contract: rows past `sum(group_sizes)`), so they add
+            # nothing to the combine; the block's all-reduce adds the devices' outputs.
             ids = ids - jax.lax.axis_index(env.tp_axis) * held
             ids = jnp.where((ids >= 0) & (ids < held), ids, held)
             order, sizes, token = sort_by_expert(ids, held + 1)
@@ -364,8 +365,6 @@ class MoE(StatelessBlock):
         # 5. down (`expert_down_out`)
         arena, y = self._gemm(env, arena, a, p["w_down"], sizes, None, t, off)
         y = stored(self._down_bias(p, y, expert))
-        if held < e:
-            y = jnp.where((expert < held)[:, None], y, 0.0)
         # 6. combine in float32 (`moe_output`)
         out = stored(combine(y, order, weights, F32))
         if self.latent:
