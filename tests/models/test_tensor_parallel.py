@@ -91,3 +91,42 @@ def test_bf16_all_reduce_rounds_once():
         parts = [1.0, 2.0**-9, 2.0**-9, 2.0**-9]
         x = jnp.array([[v] for v in (parts if first else parts[::-1])], jnp.bfloat16)
         assert float(reduce(x)[0, 0]) == 1 + 2.0**-7
+
+
+@pytest.mark.parametrize(
+    "preset, tp, ep",
+    [("qwen3-32b", 8, 1), ("qwen3-30b-a3b", 4, 4), ("deepseek-v3", 8, 8),
+     ("kimi-k2-instruct", 8, 8), ("qwen3-next-80b-a3b", 4, 1), ("nemotron-h-8b", 8, 1)],
+)  # fmt: skip
+def test_each_device_of_a_preset_holds_its_budget(preset, tp, ep):
+    """On the abstract shapes of the bundled presets (no weight read, nothing compiled): one
+    device's weights (as stored: FP8 where the preset is), arena and caches are `budget --tp N
+    --ep M`'s per-device figures."""
+    import jax
+    import numpy as np
+
+    from jaxarena import ArenaPlan, BufferSizes, MemoryBudget, ModelConfig
+    from jaxarena._sizing.kv_pool import slot_bytes
+    from jaxarena.step_report import abstract_model
+
+    limits = dict(max_batch_tokens=2048, max_seq_len=4096, kv_block_size=16, max_batch_size=8)
+    lm, params, caches = abstract_model(preset, target="h200", tp=tp, ep=ep, **limits)
+    config = ModelConfig.preset(preset)
+    weights = "fp8" if config.quant_method == "fp8" else "bf16"
+    budget = MemoryBudget(config=config, memory_bytes="10TB", weights=weights, tp=tp, ep=ep,
+                          levers=lm.levers, target=lm.target, **limits)  # fmt: skip
+
+    def nbytes(tree):
+        return sum(
+            int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a in jax.tree.leaves(tree)
+        )
+
+    assert lm.config == budget.local_config
+    assert nbytes(params) == budget.weight_bytes
+    sizes = BufferSizes.from_config(lm.config, levers=lm.levers, target=lm.target, **limits)
+    assert lm.plan == ArenaPlan.sequential(sizes, guard_bytes=lm.plan.guard_bytes)
+    assert ArenaPlan.sequential(sizes).total_bytes == budget.arena_bytes
+    pages = jax.tree.leaves(caches)[0].shape[0] if lm.config.num_attention_heads else 0
+    rows = limits["max_batch_size"] + 1
+    kv = nbytes(caches) - rows * slot_bytes(lm.config)
+    assert kv == pages * limits["kv_block_size"] * budget.kv_bytes_per_token
