@@ -122,3 +122,26 @@ def add_step_report_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ep", type=int, default=1, help="expert parallelism: 1, or --tp to split "
                    "the routed experts whole over the same devices (default 1)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def add_generate_options(g: argparse.ArgumentParser) -> None:
+    """`jaxarena generate`'s arguments."""
+    g.add_argument("path", help="checkpoint directory (config.json + *.safetensors)")
+    g.add_argument("--prompt-ids", action="append", metavar="IDS",
+                   help="comma-separated token ids; repeat for a batch (default: 0)")  # fmt: skip
+    g.add_argument("--max-new-tokens", type=int, default=16, help="default %(default)s")
+    g.add_argument("--max-batch-tokens", type=int, default=None,
+                   help="arena limit (default: what the prompts need)")  # fmt: skip
+    g.add_argument("--max-seq-len", type=int, default=None,
+                   help="arena limit (default: longest prompt + new tokens)")  # fmt: skip
+    g.add_argument("--kv-block-size", type=int, default=16, help="default %(default)s")
+    g.add_argument("--max-batch-size", type=int, default=None,
+                   help="sequence slots (default: the number of prompts)")  # fmt: skip
+    g.add_argument("--target", default="gb10",
+                   help="hardware target: gb10, h100, h200, b200, ... (default %(default)s)")  # fmt: skip
+    g.add_argument("--packed", action="store_true", help="pack the arena by buffer lifetimes")
+    g.add_argument("--tp", type=int, default=1, metavar="N",
+                   help="tensor parallelism over the first N devices (default %(default)s)")  # fmt: skip
+    g.add_argument("--ep", type=int, default=1, metavar="M",
+                   help="1, or --tp: routed experts split whole over the devices")  # fmt: skip
+    g.add_argument("--json", action="store_true", help="machine-readable output")

@@ -50,6 +50,7 @@ from jaxarena._cli_options import (
     DEFAULT_LIMITS,
     STEP_REPORT_TARGETS,
     add_budget_options,
+    add_generate_options,
     add_limits,
     add_step_report_options,
     stored_weights,
@@ -502,21 +503,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"random seed, 0..{DEMO_MAX_SEED} (default %(default)s)")  # fmt: skip
     d.set_defaults(func=cmd_demo)
     g = sub.add_parser("generate", help="greedy decoding of a HuggingFace checkpoint on the arena")
-    g.add_argument("path", help="checkpoint directory (config.json + *.safetensors)")
-    g.add_argument("--prompt-ids", action="append", metavar="IDS",
-                   help="comma-separated token ids; repeat for a batch (default: 0)")  # fmt: skip
-    g.add_argument("--max-new-tokens", type=int, default=16, help="default %(default)s")
-    g.add_argument("--max-batch-tokens", type=int, default=None,
-                   help="arena limit (default: what the prompts need)")  # fmt: skip
-    g.add_argument("--max-seq-len", type=int, default=None,
-                   help="arena limit (default: longest prompt + new tokens)")  # fmt: skip
-    g.add_argument("--kv-block-size", type=int, default=16, help="default %(default)s")
-    g.add_argument("--max-batch-size", type=int, default=None,
-                   help="sequence slots (default: the number of prompts)")  # fmt: skip
-    g.add_argument("--target", default="gb10",
-                   help="hardware target: gb10, h100, h200, b200, ... (default %(default)s)")  # fmt: skip
-    g.add_argument("--packed", action="store_true", help="pack the arena by buffer lifetimes")
-    g.add_argument("--json", action="store_true", help="machine-readable output")
+    add_generate_options(g)
     g.set_defaults(func=cmd_generate)
     from jaxarena.server.options import add_serve_parser, cmd_serve  # argparse only, no server
 

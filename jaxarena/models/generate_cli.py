@@ -40,6 +40,10 @@ def run_generate(args: argparse.Namespace, error: type[Exception] = ValueError) 
     prompts = [_prompt_ids(t, error) for t in args.prompt_ids or ["0"]]
     if args.max_new_tokens < 1:
         raise error(f"--max-new-tokens {args.max_new_tokens} must be >= 1")
+    tp, ep = getattr(args, "tp", 1), getattr(args, "ep", 1)
+    if tp < 1 or ep not in (1, tp):
+        raise error(f"--tp {tp} --ep {ep}: --tp must be >= 1 and --ep 1 or equal to --tp")
+    mesh = {"mesh": tp, "ep": ep} if tp > 1 else {}
     batch = args.max_batch_size or len(prompts)
     block = args.kv_block_size
     longest = max(len(p) for p in prompts) + args.max_new_tokens
@@ -58,7 +62,8 @@ def run_generate(args: argparse.Namespace, error: type[Exception] = ValueError) 
     with _Progress(f"{len(prompts)} x {args.max_new_tokens} new tokens"):
         lm = load_pretrained(args.path, max_batch_tokens=tokens, max_seq_len=seq,
                              kv_block_size=block, max_batch_size=batch,
-                             target=Target.preset(args.target), packed=args.packed)  # fmt: skip
+                             target=Target.preset(args.target), packed=args.packed,
+                             **mesh)  # fmt: skip
         out = lm.generate(prompts, args.max_new_tokens)
     st = lm.last_stats
     rate = lambda n, t: n / t if t > 0 else float("inf")  # noqa: E731

@@ -8,6 +8,7 @@ import json
 import pytest
 from lm_runs import CHECKPOINTS, LIMITS, reference
 
+from jaxarena import MemoryBudget, ModelConfig
 from jaxarena.cli import main
 
 
@@ -32,8 +33,24 @@ def test_generate_json_matches_transformers(capsys, runs):
     assert out["arena_bytes"] > 0 and out["weight_bytes"] == 213_632  # 106,816 bf16 params
 
 
+def test_generate_over_two_devices(capsys):
+    """`--tp 2`: the first greedy choice of llama's prompt 2 (decided, above) and one device's
+    half of the weights (the untied LM head and embedding split over the vocabulary)."""
+    ref = reference("llama")
+    prompt = ref["prompts"][2]
+    rc = main(["generate", str(CHECKPOINTS / "llama"), "--prompt-ids", ",".join(map(str, prompt)),
+               "--max-new-tokens", "1", "--json", "--tp", "2"])  # fmt: skip
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["tokens"][0][0] == ref["greedy_tokens"][2][0]
+    config = ModelConfig.from_hf(CHECKPOINTS / "llama" / "config.json")
+    per_device = MemoryBudget(config=config, memory_bytes="1TB", tp=2).weight_bytes
+    assert out["weight_bytes"] == per_device < 213_632  # one device's share of the bf16 weights
+
+
 def test_generate_errors_are_one_line(capsys, tmp_path):
     cases = [
+        ([str(CHECKPOINTS / "llama"), "--tp", "2", "--ep", "3"], "--ep 1 or equal to --tp"),
         ([str(tmp_path / "none"), "--prompt-ids", "1"], "not a directory"),
         ([str(CHECKPOINTS / "llama"), "--prompt-ids", "1,x"], "comma-separated token ids"),
         ([str(CHECKPOINTS / "llama"), "--prompt-ids", "1", "--max-new-tokens", "0"], ">= 1"),
