@@ -11,9 +11,8 @@ the whole partial sum), read from the optimized HLO instruction the thunk runs.
 
 The minimum (`collective_minimum`): a Megatron-style tensor-parallel model must all-reduce the
 hidden rows once per block (`[rows, hidden]` bf16; two per dense decoder layer: attention and
-MLP). The design (`jaxarena.models.tensor_parallel`) all-reduces the blocks' float32 partial
-sums (`ArenaLM._block` adds them before rounding to the bf16 residual: twice the minimum's
-bytes) and adds two: the vocab-parallel embedding's all-reduce of the bf16 rows and the LM
+MLP). The design (`jaxarena.models.tensor_parallel`) all-reduces the blocks' partial sums in
+bf16 (`ArenaLM._block`: the minimum's bytes) and adds two: the vocab-parallel embedding's all-reduce of the bf16 rows and the LM
 head's all-gather of the bf16 logits.
 """
 
@@ -42,8 +41,8 @@ LINK_BYTES_PER_SECOND = {"h200": 450e9, "b200": 900e9}
 """One direction of one GPU's NVLink, bytes/s (assumed, from the data sheets: H200 NVLink 4 at
 900 GB/s and B200 NVLink 5 at 1.8 TB/s, both directions together)."""
 
-BLOCK_OUTPUT_BYTES = 4
-"""Bytes per element of a block's output as the design all-reduces it (float32)."""
+BLOCK_OUTPUT_BYTES = 2
+"""Bytes per element of a block's output as the design all-reduces it (bf16)."""
 
 _CONTAINERS = frozenset({"kWhile", "kConditional", "kSequential", "kCommandBuffer"})
 
@@ -103,7 +102,7 @@ def collective_minimum(lm: Any, kind: str, tp: int) -> dict[str, int]:
     """`{"min_count", "min_bytes", "design_count", "design_bytes"}` per step of `lm` (one
     device's `ArenaLM`) over `tp` devices (all 0 on one device): the minimum is one bf16
     all-reduce of the `[rows, hidden]` block output per block; the design all-reduces them in
-    float32 (`BLOCK_OUTPUT_BYTES`) and adds the embedding's all-reduce of the bf16 rows and the
+    bf16 (`BLOCK_OUTPUT_BYTES`) and adds the embedding's all-reduce of the bf16 rows and the
     all-gather of each device's bf16 logits (`rows` the step's tokens; the logits' rows: a
     decode step's sequences, a prefill's `max_batch_size + 1`)."""
     if tp == 1:

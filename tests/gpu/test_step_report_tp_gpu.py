@@ -2,7 +2,7 @@
 expert-parallel model compiled for N compile-only H200s (a `1x1xN` topology) on this CPU
 machine; its collectives counted per step and their bytes per device, against the hand count
 of the design (`jaxarena.models.tensor_parallel`): one all-reduce per block (of the block's
-float32 partial sums), one of the embedding's bf16 rows, one all-gather of the bf16 logits."""
+bf16 partial sums), one of the embedding's bf16 rows, one all-gather of the bf16 logits."""
 
 from __future__ import annotations
 
@@ -66,12 +66,12 @@ def _per_device_weight_bytes(name: Path, tp: int, ep: int) -> int:
 
 def _expected(cfg: ModelConfig, tp: int, blocks: int, rows: int, logit_rows: int) -> dict:
     """The design's collectives of one step, by hand: `blocks` all-reduces of `[rows, hidden]`
-    float32 partial sums plus the embedding's of `[rows, hidden]` bf16; one all-gather of each
+    bf16 partial sums plus the embedding's of `[rows, hidden]` bf16; one all-gather of each
     device's `[logit_rows, vocab / tp]` bf16 logits."""
     h, local_vocab = cfg.hidden_size, -(-cfg.vocab_size // tp)
     return {
         "all-gather": {"count": 1, "bytes": logit_rows * local_vocab * 2},
-        "all-reduce": {"count": blocks + 1, "bytes": blocks * rows * h * 4 + rows * h * 2},
+        "all-reduce": {"count": blocks + 1, "bytes": (blocks + 1) * rows * h * 2},
     }
 
 
@@ -108,7 +108,7 @@ def test_step_report_tp2_dense(h200, capsys):
     text = format_report(details, "q", {}).splitlines()
     assert "2 x h200 (tp=2, ep=1; figures per device)" in text[0]
     row = next(line.split() for line in text if line.split()[:2] == ["decode", "6"])
-    assert row[2:4] == ["2.75", "KiB"]  # 2,304 + 512 B
+    assert row[2:4] == ["1.75", "KiB"]  # 1,280 (5 bf16 all-reduces of [2, 64]) + 512 B
 
 
 def test_step_report_ep2_moe_decode(h200):

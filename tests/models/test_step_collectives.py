@@ -80,8 +80,8 @@ def test_link_seconds_and_minimum():
 
     got = collective_minimum(LM(), "decode", 4)
     assert got == {"min_count": 4, "min_bytes": 4 * 4 * 64 * 2, "design_count": 6,
-                   "design_bytes": 4 * 4 * 64 * 4 + 4 * 64 * 2 + 4 * 32 * 2}  # fmt: skip
+                   "design_bytes": 4 * 4 * 64 * 2 + 4 * 64 * 2 + 4 * 32 * 2}  # fmt: skip
     pre = collective_minimum(LM(), "prefill", 4)
     assert pre["min_bytes"] == 4 * 16 * 64 * 2 and pre["design_bytes"] == (
-        4 * 16 * 64 * 4 + 16 * 64 * 2 + 5 * 32 * 2)  # fmt: skip
+        4 * 16 * 64 * 2 + 16 * 64 * 2 + 5 * 32 * 2)  # fmt: skip
     assert set(collective_minimum(LM(), "decode", 1).values()) == {0}
