@@ -96,6 +96,7 @@ def validate(
     workspace: Any = None,
     arena: Any = None,
     plan: Any = None,
+    output_in_arena: bool = True,
 ) -> tuple[int, int]:
     """Checks every argument of both entry points before anything is traced.
 
@@ -259,6 +260,8 @@ def validate(
     if not callable(getattr(plan, "check_fits", None)):
         raise ValueError(f"plan must be a jaxarena.ArenaPlan, got {type(plan).__name__}")
     uses = [(SPLITK_ATTN_REGIONS[1], (B, Hq * Dv), q_dtype, "the output")]
+    if not output_in_arena:  # the output is a value: only the workspace is in the arena
+        uses = []
     if needed:
         note = f"B={B} x Hq={Hq} x num_splits={splits} = {needed} slots of {row}"
         uses.append((SPLITK_ATTN_REGIONS[0], (needed, Dv + 2), jnp.float32, note))

@@ -2,10 +2,10 @@
 
 Optional per-head q/k RMSNorm (Qwen3) and RoPE (rotate-half; Nemotron-H has none). Prefill
 runs the paged prefill Pallas kernel (causal flash attention over the cache, so a chunk of a
-long prompt sees the earlier chunks; its output a value the o_proj GEMM reads), decode the
-split-K Pallas kernel (partials in `splitk_workspace`, output in `attn_output`); both read
-bf16 queries and the cache. Arena regions: `attn_output`, `splitk_workspace` (decode),
-the FP8 activation buffers.
+long prompt sees the earlier chunks), decode the split-K Pallas kernel (partials in
+`splitk_workspace`); both read bf16 queries and the cache, and both outputs are values the
+o_proj GEMM reads (XLA cannot give a GEMM an arena region in place: it would copy it out).
+Arena regions: `splitk_workspace` (decode), the FP8 activation buffers.
 
 FP8 KV cache (`kv_dtype="fp8"`, vLLM's `kv_cache_dtype="fp8"`): the pages are
 `float8_e4m3fn`, with one f32 scale per layer for K and one for V (the checkpoint's
@@ -28,8 +28,8 @@ import numpy as np
 
 from jaxarena import ModelConfig, workspaces
 from jaxarena.models.blocks.base import Block, Env, StepContext, dense_init
-from jaxarena.models.core.arena import BF16, F32, get, linear, stored
-from jaxarena.models.core.kernels import paged_prefill_attention, splitk_decode_attention_into
+from jaxarena.models.core.arena import BF16, F32, linear, stored
+from jaxarena.models.core.kernels import paged_prefill_attention, splitk_decode_attention_value
 from jaxarena.models.core.lora import lora_add, lora_tables
 from jaxarena.models.core.norms import inv_rms, rms_norm
 from jaxarena.models.core.rope import rope, rope_table
@@ -263,15 +263,14 @@ class Attention(Block):
             "v": flat(cache["v"]).at[slots].set(v).reshape(cache["v"].shape),
         }
 
-    def _out(self, env: Env, p, arena, t: int, gate=None, o=None, lora_slots=None):
-        """`o_proj` of the attention output: `o` (bf16 `[T, Hq, D]`, prefill's value) or
-        else `attn_output` (decode); with `gated`, times `sigmoid(gate)` first, rounded as
-        `attn_output` would store it; plus the LoRA delta of tokens with an adapter."""
+    def _out(self, env: Env, p, arena, t: int, o, gate=None, lora_slots=None):
+        """`o_proj` of the attention output `o` (bf16 `[T, Hq, D]`, the kernels' value); with
+        `gated`, times `sigmoid(gate)` first, rounded as `attn_output` would store it; plus
+        the LoRA delta of tokens with an adapter."""
         hq_d = env.config.num_attention_heads * env.config.head_dim
-        src = "attn_output" if o is None else o.reshape(t, hq_d).astype(F32)
+        src = o.reshape(t, hq_d).astype(F32)
         if gate is not None:
-            x = get(env.plan, arena, "attn_output", (t, hq_d)) if o is None else src
-            src = stored(x * jax.nn.sigmoid(gate))
+            src = stored(src * jax.nn.sigmoid(gate))
         arena, out = linear(env.plan, arena, src, (t, hq_d), p["wo"],
                             workspaces.FP8_ACT_REGIONS, interpret=env.interpret,
                             kernels=env.kernels)  # fmt: skip
@@ -279,8 +278,7 @@ class Attention(Block):
             out = out + p["bo"].astype(F32)
         tabs = lora_tables(p, lora_slots)
         if tabs is not None and "o_proj" in tabs:
-            x = get(env.plan, arena, "attn_output", (t, hq_d)) if isinstance(src, str) else src
-            (lo,) = lora_add((stored(out),), x, [[tabs["o_proj"]]], lora_slots,
+            (lo,) = lora_add((stored(out),), src, [[tabs["o_proj"]]], lora_slots,
                              interpret=env.interpret)  # fmt: skip
             # The base model's rows keep the unrounded output the step without LoRA gives.
             out = jnp.where((lora_slots >= 0)[:, None], lo, out)
@@ -307,20 +305,22 @@ class Attention(Block):
             **self._kv_scales(params),
             kernels=env.kernels,
         )  # fmt: skip
-        arena, out = self._out(env, params, arena, ctx.num_tokens, gate, o, ctx.lora_slots)
+        arena, out = self._out(env, params, arena, ctx.num_tokens, o, gate, ctx.lora_slots)
         return arena, cache, out
 
     def decode(self, env: Env, params, arena, cache, ctx: StepContext):
-        """Appends the new K/V; split-K decode attention into `attn_output`; `o_proj`."""
+        """Appends the new K/V; split-K decode attention (partials in `splitk_workspace`,
+        the output a value, as in prefill: read from `attn_output`, XLA copied it out for the
+        GEMM, a launch per layer, and the barrier tying that read to the arena kept the
+        o_proj's split-K reduction out of the next norm's fusion, another); `o_proj`."""
         arena, q, k, v, gate = self._qkv(env, params, arena, ctx, prefill=False)
         cache = self._append_kv(env, cache, k, v, ctx, params)
-        arena = splitk_decode_attention_into(
+        arena, o = splitk_decode_attention_value(
             arena, env.plan, q.astype(BF16), cache["k"], cache["v"], ctx.block_tables,
             ctx.seq_lens, levers=env.levers, target=env.target, interpret=env.interpret,
             sm_scale=self.scale, window_size=self.window, softcap=self.softcap,
             sinks=params["sinks"].astype(F32) if self.sinks else None, kernels=env.kernels,
             **self._kv_scales(params),
         )  # fmt: skip
-        arena, out = self._out(env, params, arena, ctx.num_tokens, gate,
-                               lora_slots=ctx.lora_slots)  # fmt: skip
+        arena, out = self._out(env, params, arena, ctx.num_tokens, o, gate, ctx.lora_slots)
         return arena, cache, out
