@@ -31,7 +31,7 @@ from jaxarena.models.blocks.base import Block, Env, StepContext, dense_init
 from jaxarena.models.core.arena import BF16, F32, linear, stored
 from jaxarena.models.core.kernels import paged_prefill_attention, splitk_decode_attention_value
 from jaxarena.models.core.lora import lora_add, lora_tables
-from jaxarena.models.core.norms import inv_rms, rms_norm
+from jaxarena.models.core.norms import rms_norm
 from jaxarena.models.core.rope import rope, rope_table
 
 __all__ = ["Attention", "KV_DTYPES", "E4M3_MAX"]
@@ -179,7 +179,7 @@ class Attention(Block):
         dtype = KV_DTYPES[self.kv_dtype]
         return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
 
-    def _qkv(self, env: Env, p, arena, ctx: StepContext, prefill: bool):
+    def _qkv(self, env: Env, p, arena, ctx: StepContext):
         """QKV projection (an XLA value, rounded as `qkv_output` would store it); returns
         `(arena, q, k, v, gate)` with the q/k norms and RoPE."""
         c, t = env.config, ctx.num_tokens
@@ -203,7 +203,7 @@ class Attention(Block):
         k = qkv[:, qw * hd : (qw + hkv) * hd].reshape(t, hkv, hd)
         v = qkv[:, (qw + hkv) * hd :].reshape(t, hkv, hd)
         if self.qk_norm:
-            q, k = self._qk_norm(p, qkv, q, k, qw, split=prefill)
+            q, k = self._qk_norm(p, qkv, q, k, qw)
         if self.rope and self.rope_inv_freq is not None:
             q = rope_table(q, ctx.positions, self.rope_inv_freq, self.rope_scaling)
             k = rope_table(k, ctx.positions, self.rope_inv_freq, self.rope_scaling)
@@ -212,22 +212,23 @@ class Attention(Block):
             k = rope(k, ctx.positions, self.rope_theta, self.rotary_dim)
         return arena, q, k, v, gate
 
-    def _qk_norm(self, p, qkv, q, k, qw: int, split: bool):
-        """The per-head RMSNorms of q and k (`rms_norm`). With `split` (prefill), the factors
-        `1 / rms` of every q and k head come from one small reduction `[T, qw + Hkv, 1]`
-        (`qw`: the q projection's heads, a gated q's gate heads included, unused) that the
-        barrier keeps apart from the multiply. Fused, XLA makes a normalisation fusion whose
-        float32 `[T, heads, D]` output RoPE's concatenate then reads back: 64 MiB of temp for
-        q at 8192 tokens (16 heads of 128), 32 MiB for k. Apart, the norm's multiply, RoPE
-        and the bf16 cast fuse into the pass that writes the kernel's q (and into the cache
-        scatter for k). The same operations in the same order: the same numbers. Decode
-        keeps the fused form: its temp is small and the split costs a launch per layer."""
+    def _qk_norm(self, p, qkv, q, k, qw: int):
+        """The per-head RMSNorms of q and k (`rms_norm`), in two passes: the sums of squares
+        of every q and k head come from one small reduction `[T, qw + Hkv, 1]` (`qw`: the q
+        projection's heads, a gated q's gate heads included, unused) that the barrier keeps
+        apart; the mean, `rsqrt`, the multiply, RoPE and the bf16 cast then fuse into the pass
+        that writes the kernel's q (and into the cache scatter for k). The same operations in
+        the same order as `inv_rms` (jnp.mean's sum, then its division): the same numbers.
+        Fused, XLA makes one normalisation fusion per q and k whose float32 `[T, heads, D]`
+        output RoPE's concatenate then reads back: in prefill 64 MiB of temp for q at 8192
+        tokens (16 heads of 128), 32 MiB for k; in decode one launch per layer more (Qwen3-8B
+        widths, batch 8: 17 -> 16 per layer). With the barrier on `1 / rms` instead, XLA
+        kept the division or the `rsqrt` in a launch of its own."""
         eps, off = self.rms_eps, self.norm_offset
-        if not split:
-            return rms_norm(q, p["q_norm"], eps, off), rms_norm(k, p["k_norm"], eps, off)
         t, hkv, hd = k.shape
-        r = inv_rms(qkv[:, : (qw + hkv) * hd].reshape(t, qw + hkv, hd), eps)
-        r = jax.lax.optimization_barrier(r)
+        x = qkv[:, : (qw + hkv) * hd].reshape(t, qw + hkv, hd)
+        sq = jax.lax.optimization_barrier(jnp.sum(x * x, -1, keepdims=True))
+        r = jax.lax.rsqrt(sq / hd + eps)
         rq = r[:, : qw : 2 if self.gated else 1]
         return (rms_norm(q, p["q_norm"], eps, off, scale=rq),
                 rms_norm(k, p["k_norm"], eps, off, scale=r[:, qw:]))  # fmt: skip
@@ -293,7 +294,7 @@ class Attention(Block):
         The output is not written into `attn_output`: the GEMM cannot read an arena region
         in place (XLA copies the slice out first, a launch and `[T, Hq D]` bf16 of temp), and
         the kernel's own output buffer costs the same temp without the copy."""
-        arena, q, k, v, gate = self._qkv(env, params, arena, ctx, prefill=True)
+        arena, q, k, v, gate = self._qkv(env, params, arena, ctx)
         cache = self._append_kv(env, cache, k, v, ctx, params)
         # Plain prefill: each sequence's context is its own queries.
         lens = ctx.cu_seqlens[1:] - ctx.cu_seqlens[:-1] if ctx.seq_lens is None else ctx.seq_lens
@@ -313,7 +314,7 @@ class Attention(Block):
         the output a value, as in prefill: read from `attn_output`, XLA copied it out for the
         GEMM, a launch per layer, and the barrier tying that read to the arena kept the
         o_proj's split-K reduction out of the next norm's fusion, another); `o_proj`."""
-        arena, q, k, v, gate = self._qkv(env, params, arena, ctx, prefill=False)
+        arena, q, k, v, gate = self._qkv(env, params, arena, ctx)
         cache = self._append_kv(env, cache, k, v, ctx, params)
         arena, o = splitk_decode_attention_value(
             arena, env.plan, q.astype(BF16), cache["k"], cache["v"], ctx.block_tables,
