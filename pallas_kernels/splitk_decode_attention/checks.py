@@ -157,6 +157,8 @@ def validate(
         )
     if not isinstance(return_lse, bool):
         raise ValueError(f"return_lse must be True or False, got {return_lse=!r}")
+    if not isinstance(output_in_arena, bool):
+        raise ValueError(f"output_in_arena must be True or False, got {output_in_arena=!r}")
     if sinks is not None:
         sshape = _shape("sinks", sinks, 1, f"[num_q_heads] (one logit per query head, {Hq})")
         if sshape != (Hq,) or not jnp.issubdtype(sinks.dtype, jnp.floating):

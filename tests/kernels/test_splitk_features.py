@@ -407,3 +407,5 @@ def test_value_output_form_writes_only_the_partials():
     assert changed.size
     got_ws = np.asarray(plan.view(arena, "splitk_workspace", (slots, D + 2), jnp.float32))
     np.testing.assert_array_equal(got_ws.view(np.uint32), np.asarray(ws).view(np.uint32))
+    with pytest.raises(ValueError, match=r"output_in_arena must be True or False.*=1"):
+        splitk_decode_attention_into(arena, plan, q, k, v, bt, sl, output_in_arena=1)
