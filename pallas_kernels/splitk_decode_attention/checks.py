@@ -96,6 +96,7 @@ def validate(
     workspace: Any = None,
     arena: Any = None,
     plan: Any = None,
+    output_in_arena: bool = True,
 ) -> tuple[int, int]:
     """Checks every argument of both entry points before anything is traced.
 
@@ -156,6 +157,8 @@ def validate(
         )
     if not isinstance(return_lse, bool):
         raise ValueError(f"return_lse must be True or False, got {return_lse=!r}")
+    if not isinstance(output_in_arena, bool):
+        raise ValueError(f"output_in_arena must be True or False, got {output_in_arena=!r}")
     if sinks is not None:
         sshape = _shape("sinks", sinks, 1, f"[num_q_heads] (one logit per query head, {Hq})")
         if sshape != (Hq,) or not jnp.issubdtype(sinks.dtype, jnp.floating):
@@ -259,6 +262,8 @@ def validate(
     if not callable(getattr(plan, "check_fits", None)):
         raise ValueError(f"plan must be a jaxarena.ArenaPlan, got {type(plan).__name__}")
     uses = [(SPLITK_ATTN_REGIONS[1], (B, Hq * Dv), q_dtype, "the output")]
+    if not output_in_arena:  # the output is a value: only the workspace is in the arena
+        uses = []
     if needed:
         note = f"B={B} x Hq={Hq} x num_splits={splits} = {needed} slots of {row}"
         uses.append((SPLITK_ATTN_REGIONS[0], (needed, Dv + 2), jnp.float32, note))

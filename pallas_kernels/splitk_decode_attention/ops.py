@@ -168,23 +168,29 @@ def _decode(
     # Operands: `att` receives the attention pass's stores (partials, or with one split the
     # output); the combine reads the partials from `src` and stores the output into `dst`.
     win = None  # the arena operands (`_arena_io`): the whole arena, or row windows
+    # The arena form with `arena_offsets[1] is None`: only the partials are in the arena and
+    # the output is a value of its own (no `attn_output` region written or needed).
+    out_in_arena = arena_form and arena_offsets[1] is not None
     if arena_form:
         # On the GPU the whole arena (an XLA bitcast to words). In interpret mode the kernels
         # get only the rows their stores touch (sliced out, written back): the interpreter
         # carries an aliased operand twice through its grid loop, so the whole arena would be
         # copied on CPU. The addressing is the same, relative to the window's first row.
+        offsets = (arena_offsets[0], arena_offsets[1] or 0)
         used = (
             splitk_slots_needed(B, Hq, num_splits) * (d_v + 2) * 4,
-            B * Hq * d_v * itemsize,
+            B * Hq * d_v * itemsize if out_in_arena else 0,
         )
-        win = plan_windows(
-            buf.shape[0], list(zip(arena_offsets, used, strict=True)), whole=not interpret
-        )
+        win = plan_windows(buf.shape[0], list(zip(offsets, used, strict=True)),
+                           whole=not interpret)  # fmt: skip
         ws_place, out_place = (
             Place(win.row0(i, off), off % ROW_BYTES // 4, WORDS_PER_ROW)
-            for i, off in enumerate(arena_offsets)
+            for i, off in enumerate(offsets)
         )
-        att = win.take(buf, win.window_of(0 if split else 1))
+        if not out_in_arena:
+            out_place = Place(0, 0, out_row_words)
+        if split or out_in_arena:
+            att = win.take(buf, win.window_of(0 if split else 1))
     else:
         out_place = Place(0, 0, out_row_words)
         ws_place = Place(0, 0, d_v + 2)
@@ -222,7 +228,7 @@ def _decode(
         inputs += list(scales)
     if sinks is not None:
         inputs.append(sinks)
-    in_place = split or arena_form
+    in_place = split or out_in_arena
     outs = [jax.ShapeDtypeStruct(att.shape, jnp.uint32) if in_place else out_words_shape]
     aliases = {}
     if in_place:
@@ -259,14 +265,14 @@ def _decode(
         # Arena form: dst is src (the whole arena, or one window) unless the interpreter got
         # two windows; then dst follows src as a second, aliased input.
         src = dst = att
-        two = arena_form and win.window_of(0) != win.window_of(1)
+        two = out_in_arena and win.window_of(0) != win.window_of(1)
         if two:
             # The partials' window goes back first; the output window is then read from the
             # updated arena, so no older arena version stays alive (XLA would copy it).
             buf = win.put(buf, [att], win.window_of(0))
             dst = win.take(buf, win.window_of(1))
         inputs = ([] if sinks is None else [sinks]) + [src] + ([dst] if two else [])
-        outs = [jax.ShapeDtypeStruct(dst.shape, jnp.uint32) if arena_form else out_words_shape]
+        outs = [jax.ShapeDtypeStruct(dst.shape, jnp.uint32) if out_in_arena else out_words_shape]
         if return_lse:
             outs.append(lse_shape)
         declare_cost("splitk_combine", (B, Hkv, num_head_blocks), inputs,
@@ -279,7 +285,7 @@ def _decode(
             in_specs=[any_spec] * len(inputs),
             out_specs=[any_spec] * len(outs),
             out_shape=outs,
-            input_output_aliases={len(inputs) - 1: 0} if arena_form else {},
+            input_output_aliases={len(inputs) - 1: 0} if out_in_arena else {},
             interpret=interpret,
             compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
             name="splitk_combine",
@@ -293,6 +299,9 @@ def _decode(
         dst = att
     if not arena_form:
         return _from_words(dst, (B, Hq, d_v), q.dtype), lse, buf, pages
+    if not out_in_arena:  # the partials' window back into the arena; the output a value
+        buf = win.put(buf, [att], win.window_of(0)) if split else buf
+        return buf, lse, _from_words(dst, (B, Hq, d_v), q.dtype), pages
     return win.put(buf, [dst], win.window_of(1)), lse, None, pages
 
 
@@ -502,6 +511,7 @@ def splitk_decode_attention_into(
     v_scale: Any = None,
     v_head_dim: int | None = None,
     return_lse: bool = False,
+    output_in_arena: bool = True,
 ) -> Any:
     """`splitk_decode_attention` computed in place in the arena.
 
@@ -521,10 +531,16 @@ def splitk_decode_attention_into(
       q, k_cache, v_cache, block_tables, seq_lens, num_splits, sm_scale, levers, target,
         interpret, window_size, sinks, softcap, k_scale, v_scale, v_head_dim, return_lse: as
         for `splitk_decode_attention`.
+      output_in_arena: False: only the partials go to the arena; the output is returned as
+        a value `[B, Hq, D_v]` in q's dtype and `attn_output` is neither written nor needed.
+        For a caller whose next op is a GEMM: XLA cannot hand an arena slice to a GEMM in
+        place, so it would copy `attn_output` out first (one launch per layer), and the
+        GEMM's read of the arena would hold back the fusion of what follows it.
 
     Returns:
       The arena with `attn_output` (and the used workspace slots) written; with
       `return_lse`, `(arena, lse f32[B, Hq])` (the LSE is a small output, not in the arena).
+      With `output_in_arena=False`, `(arena, out)` or `(arena, out, lse)`.
 
     Raises:
       ValueError: everything `splitk_decode_attention` rejects, a missing region, an
@@ -538,16 +554,19 @@ def splitk_decode_attention_into(
         q, k_cache, v_cache, block_tables, seq_lens, num_splits=num_splits,
         sm_scale=sm_scale, levers=levers, target=target, window_size=window_size, sinks=sinks,
         softcap=softcap, k_scale=k_scale, v_scale=v_scale, v_head_dim=v_head_dim,
-        return_lse=return_lse, arena=arena, plan=plan,
+        return_lse=return_lse, arena=arena, plan=plan, output_in_arena=output_in_arena,
     )  # fmt: skip
     offsets = tuple(
         plan.regions[name].offset_bytes if name in plan.regions else 0
         for name in SPLITK_ATTN_REGIONS
     )
-    arena, lse, _, _ = _run(
+    if not output_in_arena:
+        offsets = (offsets[0], None)
+    arena, lse, out, _ = _run(
         q, k_cache, v_cache, block_tables, seq_lens, arena, splits=splits, d_v=d_v,
         sm_scale=sm_scale, softcap=softcap, window_size=window_size, sinks=sinks,
         k_scale=k_scale, v_scale=v_scale, return_lse=return_lse, interpret=interpret,
         arena_offsets=offsets,
     )  # fmt: skip
-    return (arena, lse) if return_lse else arena
+    head = (arena,) if output_in_arena else (arena, out)
+    return (*head, lse) if return_lse else head[0] if output_in_arena else head

@@ -122,7 +122,6 @@ def test_window_longer_than_the_sequence_is_no_window_bf16_d80():
     """Also a head dim that is not a power of two (80 = 64 + 16 column chunks) in bf16."""
     q, k, v, bt, sl = make(D=80, dtype=jnp.bfloat16, seed=1)
     out = splitk_decode_attention(q, k, v, bt, sl, num_splits=2, window_size=1000)
-    close(out, paged_decode_attention_reference(q, k, v, bt, sl), jnp.bfloat16)
     close(out, paged_decode_attention_reference(q, k, v, bt, sl, window_size=1000), jnp.bfloat16)
 
 
@@ -369,3 +368,44 @@ def test_bad_options_are_rejected_before_tracing(change, exc, needle):
         v = change.pop("v_cache")
     with pytest.raises(exc, match=needle):
         splitk_decode_attention(q, k, v, bt, sl, num_splits=2, **change)
+
+
+def test_value_output_form_writes_only_the_partials():
+    """`output_in_arena=False` (what the model's decode uses: the o_proj GEMM reads a value,
+    no copy out of `attn_output`): the output and the partials are the standalone form's, bit
+    for bit (that form is checked against the reference above), and the arena changes only in
+    the used workspace rows; the plan needs no `attn_output` region. Two splits: the combine
+    reads the partials from the arena and writes a buffer of its own. (One split runs the
+    standalone form's single pass and leaves the arena alone; the model tests run it.)"""
+    splits = 2
+    q, k, v, bt, sl = make(Hq=2, Hkv=1, dtype=jnp.bfloat16, lens=[40, 0], seed=9)
+    B, Hq, D = q.shape
+    slots = B * Hq * 2
+    plan = ArenaPlan.sequential({"before": 300, "splitk_workspace": slots * (D + 2) * 4,
+                                 "after": 200}, guard_bytes=64)  # fmt: skip
+    rng = np.random.default_rng(10)
+    flat = np.array(plan.allocate()).reshape(-1)
+    for r in plan.regions.values():
+        flat[r.offset_bytes : r.end_bytes] = rng.integers(0, 256, r.nbytes, dtype=np.uint8)
+    before = flat.copy()
+    arena = jnp.asarray(flat.reshape(plan.arena_shape))
+    ws0 = plan.view(arena, "splitk_workspace", (slots, D + 2), jnp.float32)
+    out_s, ws = splitk_decode_attention(q, k, v, bt, sl, num_splits=splits, workspace=ws0)
+    arena, out = jax.jit(
+        lambda a, *x: splitk_decode_attention_into(a, plan, *x, num_splits=splits,
+                                                   output_in_arena=False),
+        donate_argnums=0,
+    )(arena, q, k, v, bt, sl)  # fmt: skip
+    assert out.shape == (B, Hq, D) and out.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(out).view(np.uint16),
+                                  np.asarray(out_s).view(np.uint16))  # fmt: skip
+    assert plan.check_guards(arena) == []
+    changed = np.flatnonzero(np.asarray(arena).reshape(-1) != before)
+    w0 = plan.regions["splitk_workspace"].offset_bytes
+    used = splitk_slots_needed(B, Hq, splits) * (D + 2) * 4
+    assert ((changed >= w0) & (changed < w0 + used)).all(), changed[:10]
+    assert changed.size
+    got_ws = np.asarray(plan.view(arena, "splitk_workspace", (slots, D + 2), jnp.float32))
+    np.testing.assert_array_equal(got_ws.view(np.uint32), np.asarray(ws).view(np.uint32))
+    with pytest.raises(ValueError, match=r"output_in_arena must be True or False.*=1"):
+        splitk_decode_attention_into(arena, plan, q, k, v, bt, sl, output_in_arena=1)

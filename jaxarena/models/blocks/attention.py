@@ -2,10 +2,10 @@
 
 Optional per-head q/k RMSNorm (Qwen3) and RoPE (rotate-half; Nemotron-H has none). Prefill
 runs the paged prefill Pallas kernel (causal flash attention over the cache, so a chunk of a
-long prompt sees the earlier chunks; its output a value the o_proj GEMM reads), decode the
-split-K Pallas kernel (partials in `splitk_workspace`, output in `attn_output`); both read
-bf16 queries and the cache. Arena regions: `attn_output`, `splitk_workspace` (decode),
-the FP8 activation buffers.
+long prompt sees the earlier chunks), decode the split-K Pallas kernel (partials in
+`splitk_workspace`); both read bf16 queries and the cache, and both outputs are values the
+o_proj GEMM reads (XLA cannot give a GEMM an arena region in place: it would copy it out).
+Arena regions: `splitk_workspace` (decode), the FP8 activation buffers.
 
 FP8 KV cache (`kv_dtype="fp8"`, vLLM's `kv_cache_dtype="fp8"`): the pages are
 `float8_e4m3fn`, with one f32 scale per layer for K and one for V (the checkpoint's
@@ -28,10 +28,10 @@ import numpy as np
 
 from jaxarena import ModelConfig, workspaces
 from jaxarena.models.blocks.base import Block, Env, StepContext, dense_init
-from jaxarena.models.core.arena import BF16, F32, get, linear, stored
-from jaxarena.models.core.kernels import paged_prefill_attention, splitk_decode_attention_into
+from jaxarena.models.core.arena import BF16, F32, linear, stored
+from jaxarena.models.core.kernels import paged_prefill_attention, splitk_decode_attention_value
 from jaxarena.models.core.lora import lora_add, lora_tables
-from jaxarena.models.core.norms import inv_rms, rms_norm
+from jaxarena.models.core.norms import rms_norm
 from jaxarena.models.core.rope import rope, rope_table
 
 __all__ = ["Attention", "KV_DTYPES", "E4M3_MAX"]
@@ -179,7 +179,7 @@ class Attention(Block):
         dtype = KV_DTYPES[self.kv_dtype]
         return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
 
-    def _qkv(self, env: Env, p, arena, ctx: StepContext, prefill: bool):
+    def _qkv(self, env: Env, p, arena, ctx: StepContext):
         """QKV projection (an XLA value, rounded as `qkv_output` would store it); returns
         `(arena, q, k, v, gate)` with the q/k norms and RoPE."""
         c, t = env.config, ctx.num_tokens
@@ -204,7 +204,7 @@ class Attention(Block):
         k = qkv[:, qw * hd : (qw + hkv) * hd].reshape(t, hkv, hd)
         v = qkv[:, (qw + hkv) * hd :].reshape(t, hkv, hd)
         if self.qk_norm:
-            q, k = self._qk_norm(p, qkv, q, k, qw, split=prefill)
+            q, k = self._qk_norm(p, qkv, q, k, qw)
         if self.rope and self.rope_inv_freq is not None:
             q = rope_table(q, ctx.positions, self.rope_inv_freq, self.rope_scaling)
             k = rope_table(k, ctx.positions, self.rope_inv_freq, self.rope_scaling)
@@ -213,22 +213,23 @@ class Attention(Block):
             k = rope(k, ctx.positions, self.rope_theta, self.rotary_dim)
         return arena, q, k, v, gate
 
-    def _qk_norm(self, p, qkv, q, k, qw: int, split: bool):
-        """The per-head RMSNorms of q and k (`rms_norm`). With `split` (prefill), the factors
-        `1 / rms` of every q and k head come from one small reduction `[T, qw + Hkv, 1]`
-        (`qw`: the q projection's heads, a gated q's gate heads included, unused) that the
-        barrier keeps apart from the multiply. Fused, XLA makes a normalisation fusion whose
-        float32 `[T, heads, D]` output RoPE's concatenate then reads back: 64 MiB of temp for
-        q at 8192 tokens (16 heads of 128), 32 MiB for k. Apart, the norm's multiply, RoPE
-        and the bf16 cast fuse into the pass that writes the kernel's q (and into the cache
-        scatter for k). The same operations in the same order: the same numbers. Decode
-        keeps the fused form: its temp is small and the split costs a launch per layer."""
+    def _qk_norm(self, p, qkv, q, k, qw: int):
+        """The per-head RMSNorms of q and k (`rms_norm`), in two passes: the sums of squares
+        of every q and k head come from one small reduction `[T, qw + Hkv, 1]` (`qw`: the q
+        projection's heads, a gated q's gate heads included, unused) that the barrier keeps
+        apart; the mean, `rsqrt`, the multiply, RoPE and the bf16 cast then fuse into the pass
+        that writes the kernel's q (and into the cache scatter for k). The same operations in
+        the same order as `inv_rms` (jnp.mean's sum, then its division): the same numbers.
+        Fused, XLA makes one normalisation fusion per q and k whose float32 `[T, heads, D]`
+        output RoPE's concatenate then reads back: in prefill 64 MiB of temp for q at 8192
+        tokens (16 heads of 128), 32 MiB for k; in decode one launch per layer more (Qwen3-8B
+        widths, batch 8: 17 -> 16 per layer). With the barrier on `1 / rms` instead, XLA
+        kept the division or the `rsqrt` in a launch of its own."""
         eps, off = self.rms_eps, self.norm_offset
-        if not split:
-            return rms_norm(q, p["q_norm"], eps, off), rms_norm(k, p["k_norm"], eps, off)
         t, hkv, hd = k.shape
-        r = inv_rms(qkv[:, : (qw + hkv) * hd].reshape(t, qw + hkv, hd), eps)
-        r = jax.lax.optimization_barrier(r)
+        x = qkv[:, : (qw + hkv) * hd].reshape(t, qw + hkv, hd)
+        sq = jax.lax.optimization_barrier(jnp.sum(x * x, -1, keepdims=True))
+        r = jax.lax.rsqrt(sq / hd + eps)
         rq = r[:, : qw : 2 if self.gated else 1]
         return (rms_norm(q, p["q_norm"], eps, off, scale=rq),
                 rms_norm(k, p["k_norm"], eps, off, scale=r[:, qw:]))  # fmt: skip
@@ -264,15 +265,14 @@ class Attention(Block):
             "v": flat(cache["v"]).at[slots].set(v).reshape(cache["v"].shape),
         }
 
-    def _out(self, env: Env, p, arena, t: int, gate=None, o=None, lora_slots=None):
-        """`o_proj` of the attention output: `o` (bf16 `[T, Hq, D]`, prefill's value) or
-        else `attn_output` (decode); with `gated`, times `sigmoid(gate)` first, rounded as
-        `attn_output` would store it; plus the LoRA delta of tokens with an adapter."""
+    def _out(self, env: Env, p, arena, t: int, o, gate=None, lora_slots=None):
+        """`o_proj` of the attention output `o` (bf16 `[T, Hq, D]`, the kernels' value); with
+        `gated`, times `sigmoid(gate)` first, rounded as `attn_output` would store it; plus
+        the LoRA delta of tokens with an adapter."""
         hq_d = env.config.num_attention_heads * env.config.head_dim
-        src = "attn_output" if o is None else o.reshape(t, hq_d).astype(F32)
+        src = o.reshape(t, hq_d).astype(F32)
         if gate is not None:
-            x = get(env.plan, arena, "attn_output", (t, hq_d)) if o is None else src
-            src = stored(x * jax.nn.sigmoid(gate))
+            src = stored(src * jax.nn.sigmoid(gate))
         arena, out = linear(env.plan, arena, src, (t, hq_d), p["wo"],
                             workspaces.FP8_ACT_REGIONS, interpret=env.interpret,
                             kernels=env.kernels)  # fmt: skip
@@ -280,9 +280,8 @@ class Attention(Block):
             out = out + p["bo"].astype(F32)
         tabs = lora_tables(p, lora_slots)
         if tabs is not None and "o_proj" in tabs:
-            x = get(env.plan, arena, "attn_output", (t, hq_d)) if isinstance(src, str) else src
             # The base model's rows keep the unrounded output the step without LoRA gives.
-            arena, (out,) = lora_add(env.plan, arena, (out,), x, [[tabs["o_proj"]]],
+            arena, (out,) = lora_add(env.plan, arena, (out,), src, [[tabs["o_proj"]]],
                                      lora_slots, rounded=False,
                                      interpret=env.interpret)  # fmt: skip
         return arena, out
@@ -296,7 +295,7 @@ class Attention(Block):
         The output is not written into `attn_output`: the GEMM cannot read an arena region
         in place (XLA copies the slice out first, a launch and `[T, Hq D]` bf16 of temp), and
         the kernel's own output buffer costs the same temp without the copy."""
-        arena, q, k, v, gate = self._qkv(env, params, arena, ctx, prefill=True)
+        arena, q, k, v, gate = self._qkv(env, params, arena, ctx)
         cache = self._append_kv(env, cache, k, v, ctx, params)
         # Plain prefill: each sequence's context is its own queries.
         lens = ctx.cu_seqlens[1:] - ctx.cu_seqlens[:-1] if ctx.seq_lens is None else ctx.seq_lens
@@ -308,20 +307,22 @@ class Attention(Block):
             **self._kv_scales(params),
             kernels=env.kernels,
         )  # fmt: skip
-        arena, out = self._out(env, params, arena, ctx.num_tokens, gate, o, ctx.lora_slots)
+        arena, out = self._out(env, params, arena, ctx.num_tokens, o, gate, ctx.lora_slots)
         return arena, cache, out
 
     def decode(self, env: Env, params, arena, cache, ctx: StepContext):
-        """Appends the new K/V; split-K decode attention into `attn_output`; `o_proj`."""
-        arena, q, k, v, gate = self._qkv(env, params, arena, ctx, prefill=False)
+        """Appends the new K/V; split-K decode attention (partials in `splitk_workspace`,
+        the output a value, as in prefill: read from `attn_output`, XLA copied it out for the
+        GEMM, a launch per layer, and the barrier tying that read to the arena kept the
+        o_proj's split-K reduction out of the next norm's fusion, another); `o_proj`."""
+        arena, q, k, v, gate = self._qkv(env, params, arena, ctx)
         cache = self._append_kv(env, cache, k, v, ctx, params)
-        arena = splitk_decode_attention_into(
+        arena, o = splitk_decode_attention_value(
             arena, env.plan, q.astype(BF16), cache["k"], cache["v"], ctx.block_tables,
             ctx.seq_lens, levers=env.levers, target=env.target, interpret=env.interpret,
             sm_scale=self.scale, window_size=self.window, softcap=self.softcap,
             sinks=params["sinks"].astype(F32) if self.sinks else None, kernels=env.kernels,
             **self._kv_scales(params),
         )  # fmt: skip
-        arena, out = self._out(env, params, arena, ctx.num_tokens, gate,
-                               lora_slots=ctx.lora_slots)  # fmt: skip
+        arena, out = self._out(env, params, arena, ctx.num_tokens, o, gate, ctx.lora_slots)
         return arena, cache, out

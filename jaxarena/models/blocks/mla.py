@@ -79,7 +79,10 @@ from jaxarena.models.core.arena import (
     linear,
     stored,
 )
-from jaxarena.models.core.kernels import paged_prefill_attention_into, splitk_decode_attention_into
+from jaxarena.models.core.kernels import (
+    paged_prefill_attention_into,
+    splitk_decode_attention_value,
+)
 from jaxarena.models.core.mla_rope import Yarn, inverse_frequencies, mla_rope
 from jaxarena.models.core.norms import rms_norm
 from pallas_kernels.splitk_decode_attention import splitk_num_splits
@@ -295,8 +298,8 @@ class MLA(Block):
         return arena, cache, out
 
     def decode(self, env: Env, params, arena, cache, ctx: StepContext):
-        """Appends the new latents; absorbed split-K attention over the latent cache (latent
-        output in `attn_output`); `W_uv`; `o_proj`."""
+        """Appends the new latents; absorbed split-K attention over the latent cache (its
+        latent output a value); `W_uv`; `o_proj`."""
         c, b, plan = env.config, ctx.num_tokens, env.plan
         H, nope, rope, v, kv_lora, _ = mla_dims(c)
         arena, q, latent = self._project(env, params, arena, ctx)
@@ -308,13 +311,15 @@ class MLA(Block):
         q_lat = self._mul("bhd,chd->bhc", q_pad, w)
         # The absorbed query, bf16 as `ssm_deinterleaved` would hold it.
         qa = jnp.concatenate([q_lat, q[..., nope:]], -1).astype(BF16)
-        arena = splitk_decode_attention_into(
+        # The latent output a value (as `get` of `attn_output` would give it: bf16): the
+        # W_uv product reads it without a copy out of the arena.
+        arena, o_lat = splitk_decode_attention_value(
             arena, plan, qa, cache["latent"], None, ctx.block_tables, ctx.seq_lens,
             num_splits=self._num_splits(env, b), sm_scale=self.sm_scale(c),
             v_head_dim=kv_lora, levers=env.levers, target=env.target, interpret=env.interpret,
             kernels=env.kernels,
         )  # fmt: skip
-        o_lat = get(plan, arena, "attn_output", (b, H, kv_lora))
+        o_lat = o_lat.astype(F32)
         o = self._mul("bhc,chd->bhd", o_lat, w)[..., nope:]
         arena, out = self._out(env, params, arena, o)
         return arena, cache, out

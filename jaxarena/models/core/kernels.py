@@ -35,6 +35,7 @@ __all__ = [
     "paged_prefill_attention_into",
     "resolve_kernels",
     "splitk_decode_attention_into",
+    "splitk_decode_attention_value",
     "ssd_chunked_scan_into",
     "ssd_state_update",
 ]
@@ -81,9 +82,27 @@ def splitk_decode_attention_into(arena: jax.Array, plan: Any, q: jax.Array, k_ca
     if check_kernels(kernels) == "pallas":
         return pk.splitk_decode_attention_into(arena, plan, q, k_cache, v_cache, block_tables,
                                                seq_lens, **kw)  # fmt: skip
+    in_arena = kw.pop("output_in_arena", True)
     out = xa.decode_attention_xla(q, k_cache, v_cache, block_tables, seq_lens,
                                   **_attn_opts(kw))  # fmt: skip
+    if not in_arena:
+        return arena, out
     return plan.write(arena, "attn_output", out.reshape(out.shape[0], -1))
+
+
+def splitk_decode_attention_value(arena: jax.Array, plan: Any, q: jax.Array, k_cache,
+                                  v_cache, block_tables, seq_lens, *, kernels: str = "pallas",
+                                  **kw: Any) -> tuple[jax.Array, jax.Array]:  # fmt: skip
+    """`splitk_decode_attention_into` with `output_in_arena=False`: `(arena, out [B, Hq,
+    D_v])`, the partials in `splitk_workspace` and the output a value (what a GEMM reads
+    next; see the kernel's docstring). The arena comes back tied to the output by an
+    optimization barrier, so a later write of the arena is ordered after the combine's read
+    of the partials."""
+    arena, out = splitk_decode_attention_into(arena, plan, q, k_cache, v_cache, block_tables,
+                                              seq_lens, kernels=kernels,
+                                              output_in_arena=False, **kw)  # fmt: skip
+    out, arena = jax.lax.optimization_barrier((out, arena))
+    return arena, out
 
 
 def paged_prefill_attention(q: jax.Array, k_cache, v_cache, block_tables, cu_seqlens_q,
