@@ -32,7 +32,13 @@ from __future__ import annotations
 
 import pytest
 from lm_runs import CHECKPOINTS, LIMITS
-from tp_checks import case_ids, check_budget, check_greedy, check_logits, sharded_runs  # noqa: F401
+from tp_checks import (  # noqa: F401 - the shared tests, their fixture and parametrization
+    pytest_generate_tests,
+    sharded_runs,
+    test_each_device_holds_its_budget,
+    test_sharded_greedy_tokens_match_transformers,
+    test_sharded_logits_match_transformers,
+)
 
 from jaxarena.models import load_pretrained
 
@@ -45,21 +51,6 @@ CASES = [
     ("nemotron_h", 2, 1, "xla"),
     ("qwen3_next", 2, 1, "xla"),
 ]
-
-
-@pytest.mark.parametrize("case", CASES, ids=case_ids(CASES))
-def test_sharded_logits_match_transformers(sharded, case):
-    check_logits(sharded, case)
-
-
-@pytest.mark.parametrize("case", CASES, ids=case_ids(CASES))
-def test_sharded_greedy_tokens_match_transformers(sharded, case):
-    check_greedy(sharded, case)
-
-
-@pytest.mark.parametrize("case", CASES, ids=case_ids(CASES))
-def test_each_device_holds_its_budget(sharded, case):
-    check_budget(sharded, case)
 
 
 def test_bad_meshes_are_refused():

@@ -1,7 +1,8 @@
-"""The checks of the tensor-parallel model tests (test_tensor_parallel*.py): each case loaded
-over a mesh of the session's 8 CPU devices once, its logits and greedy tokens against
-transformers within the sharded bound (derived in test_tensor_parallel.py's docstring), and
-each device's bytes against the budget."""
+"""The tests of the tensor-parallel model test modules (test_tensor_parallel.py and
+test_tensor_parallel_moe.py import them with `pytest_generate_tests`, which runs each on the
+module's `CASES`): each case loaded over a mesh of the session's 8 CPU devices once, its logits
+and greedy tokens against transformers within the sharded bound (derived in
+test_tensor_parallel.py's docstring), and each device's bytes against the budget."""
 
 from __future__ import annotations
 
@@ -48,8 +49,11 @@ class _Runs(dict):
         return self[case]
 
 
-def case_ids(cases):
-    return [f"{n}-tp{t}-ep{e}-{k}" for n, t, e, k in cases]
+def pytest_generate_tests(metafunc):
+    """Runs the tests below on the importing module's `CASES` (fixture, tp, ep, kernels)."""
+    if "case" in metafunc.fixturenames:
+        cases = metafunc.module.CASES
+        metafunc.parametrize("case", cases, ids=[f"{n}-tp{t}-ep{e}-{k}" for n, t, e, k in cases])
 
 
 @pytest.fixture(scope="module", name="sharded")
@@ -74,7 +78,7 @@ def decided_positions(lm, ref, i: int, count) -> np.ndarray | None:
     return moe_tests.decided(lm, ref, i, count)
 
 
-def check_logits(sharded, case):
+def test_sharded_logits_match_transformers(sharded, case):
     """The prefill logits of every prompt within the sharded bound of transformers'."""
     name, tp, ep, _ = case
     r = sharded[case]
@@ -93,7 +97,7 @@ def check_logits(sharded, case):
     assert kept >= 0.5 * total, f"only {kept} of {total} prompt positions free of near-ties"
 
 
-def check_greedy(sharded, case):
+def test_sharded_greedy_tokens_match_transformers(sharded, case):
     """Greedy tokens and their logits against transformers' where the bound decides."""
     name, tp, ep, _ = case
     r = sharded[case]
@@ -117,7 +121,7 @@ def check_greedy(sharded, case):
     assert same.sum() >= floor, f"only {same.sum()} of {same.size} greedy steps compared"
 
 
-def check_budget(sharded, case):
+def test_each_device_holds_its_budget(sharded, case):
     """Weights, arena and KV cache on each device are `budget --tp N --ep M`'s per-device
     figures; every array is one slice per device, on its device, and the decode step keeps
     arena and caches in place (donated, aliased)."""
