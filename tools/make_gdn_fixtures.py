@@ -30,6 +30,9 @@ property. With ``N(0, 1)`` taps the norm sees inputs well above its eps.
   value heads each; attention has 8 query heads of 64 (the GDN value width 512 fits the
   ``attn_output`` region the attention width sizes).
 
+* ``qwen3_next_tp4``: ``qwen3_next`` with four key heads and four value heads of 128 (one
+  key-head group per device at tensor parallelism 4; tests/models/test_tensor_parallel.py).
+
 * ``qwen3_next_wide``: ``qwen3_next``'s layout with one key head and two value heads of 128
   in the GDN (value width 256) but attention of 2 query heads of 64 (width 128): the GDN's
   gated-norm output is wider than ``attn_output`` (the step rule keeps it an XLA value).
@@ -121,6 +124,13 @@ def _qwen3_next_config() -> Qwen3NextConfig:
     )
 
 
+def _qwen3_next_tp4_config() -> Qwen3NextConfig:
+    """`qwen3_next` with 4 key heads of 128 (and 4 value heads): 4 ways to split the GDN."""
+    c = _qwen3_next_config()
+    c.linear_num_key_heads = 4
+    return c
+
+
 def _qwen3_next_wide_config() -> Qwen3NextConfig:
     """Qwen3-Next whose GDN value width (2 heads of 128 = 256) exceeds the attention width
     (2 heads of 64 = 128), which transformers builds and runs."""
@@ -173,6 +183,7 @@ FAMILIES = {
     "qwen3_5_text": (Qwen3_5ForCausalLM, _qwen3_5_text_config),
     "qwen3_next": (Qwen3NextForCausalLM, _qwen3_next_config),
     "qwen3_next_wide": (Qwen3NextForCausalLM, _qwen3_next_wide_config),
+    "qwen3_next_tp4": (Qwen3NextForCausalLM, _qwen3_next_tp4_config),
 }
 
 # Seed offset per fixture (default: its index). qwen3_next_wide's index, 2, draws a prompt

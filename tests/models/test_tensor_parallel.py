@@ -5,8 +5,9 @@ One fixture per block kind: dense attention + SwiGLU MLP (qwen3: tp 2 splits the
 tp 4 replicates each on 2 devices), MoE (qwen3_moe, an untied LM head: experts split
 column-/row-parallel at ep 1, whole experts per device at ep = tp), MLA + MoE (deepseek_v2),
 Mamba-2 (mamba2, and the nemotron_h hybrid), Gated DeltaNet with gated attention
-(qwen3_next). The fixtures' widths bound the degrees: mamba2/nemotron_h have 2 groups (the
-gated RMSNorm's groups must not span devices), qwen3_next 2 key heads.
+(qwen3_next at tp 2; qwen3_next_tp4, its 4-key-head variant, at tp 4). The fixtures' widths
+bound the degrees: mamba2/nemotron_h have 2 groups (the gated RMSNorm's groups must not span
+devices; test_tensor_parallel_heads.py runs them at tp 4 read as 4 groups).
 
 Tolerance. The sharded step computes what the one-device step does, except that every
 block's output is the sum of `tp` per-device partial outputs (the row-parallel output / down
@@ -50,6 +51,7 @@ CASES = [
     ("mamba2", 2, 1, "xla"),
     ("nemotron_h", 2, 1, "xla"),
     ("qwen3_next", 2, 1, "xla"),
+    ("qwen3_next_tp4", 4, 1, "xla"),
 ]
 
 

@@ -6,7 +6,8 @@ of models with 4 groups of half the state size (`in_proj`, the conv and every ot
 their shapes: B and C are `n_groups * state_size` wide): other models, with no transformers
 reference, so each is held against its own one-device run. (Gated DeltaNet has no such reading:
 qwen3_next's 2 key heads of 128 would become 4 of 64, and the arena's GDN scratch is sized for
-128 x 128 heads; it runs at tp 2.) Both runs are within
+128 x 128 heads; test_tensor_parallel.py runs the qwen3_next_tp4 fixture, 4 key heads of 128,
+at tp 4 against transformers.) Both runs are within
 their derived bounds of the exact values (the fixtures' own rounding counts, test_tensor_parallel
 .py's docstring for the sharded one), so they differ by at most the sum of the two bounds, with
 max|z| the one-device run's largest logit; greedy tokens are compared where the one-device

@@ -28,7 +28,7 @@ def base_count(name: str, config):
         return lambda b: dense_tests.ROUNDINGS[b.act if b.kind == "mlp" else b.kind]
     if name == "deepseek_v2":
         return mla_tests.block_counter(config)
-    if name == "qwen3_next":
+    if name.startswith("qwen3_next"):
         return lambda b: gdn_tests.ROUNDINGS[b.kind]
     return moe_tests.block_roundings
 
