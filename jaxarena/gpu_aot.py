@@ -311,6 +311,8 @@ class GpuCompiled:
       thunk_names: thunk id -> the HLO instruction it runs (empty without a dump).
       graph_thunks: the thunk tree after XLA's thunk passes, its command buffers (CUDA
         graphs) in place; None when the dump has no such sequence.
+      dump_hlo_text: the optimized module as dumped ("" without a dump): unlike `hlo_text`
+        on jax >= 0.12, it holds the async computations of collectives emitted as kernels.
     """
 
     compiled: Any
@@ -329,6 +331,7 @@ class GpuCompiled:
     kernels: list[KernelResources] = dataclasses.field(default_factory=list)
     thunk_names: dict[int, str] = dataclasses.field(default_factory=dict)
     graph_thunks: list[Thunk] | None = None
+    dump_hlo_text: str = ""
 
     def memory_analysis(self) -> dict[str, int]:
         """`{"temp_bytes", "argument_bytes", "output_bytes", "alias_bytes"}` on the GPU."""

@@ -352,6 +352,12 @@ def analyze_dump(result: Any, dump_dir: str) -> None:
             )
         )
         files = [f for f in files if f.startswith(module + ".")]
+        # The optimized module as dumped: jax >= 0.12 leaves the async computations of its
+        # collective kernels out of `Compiled.as_text()`, and the thunks name what is inside.
+        opt = [f for f in files if f.endswith("gpu_after_optimizations.txt")]
+        if opt and hasattr(result, "dump_hlo_text"):
+            with open(os.path.join(dump_dir, opt[0])) as f:
+                result.dump_hlo_text = f.read()
     result.kernels = dump_kernels(dump_dir, files, result.hlo_text)
     missing = _pallas_kernel_names(result.hlo_text) - {k.name for k in result.kernels}
     if missing:

@@ -18,6 +18,7 @@ head's all-gather of the bf16 logits.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -47,12 +48,34 @@ BLOCK_OUTPUT_BYTES = 2
 _CONTAINERS = frozenset({"kWhile", "kConditional", "kSequential", "kCommandBuffer"})
 
 
+COLLECTIVE_KERNEL = "kCollectiveKernel"
+"""The thunk of a collective XLA emits as a kernel (jax 0.12's one-shot all-reduce: a fusion
+whose computation holds the collective); its HLO fusion says which collective."""
+
+_HLO_COLLECTIVES = {"all-reduce", "all-gather", "all-to-all", "ragged-all-to-all",
+                    "collective-permute", "reduce-scatter"}  # fmt: skip
+
+
 def _collective(kind: str) -> str | None:
-    """The collective a thunk kind runs, None for other thunks (and `...Done` halves)."""
+    """The collective a thunk kind runs, None for other thunks (and `...Done` halves);
+    `COLLECTIVE_KERNEL` for a collective emitted as a kernel (its HLO says which)."""
+    if kind == COLLECTIVE_KERNEL:
+        return kind
     k = kind.replace("kNccl", "k")
     if k.endswith("Done"):
         return None
     return COLLECTIVE_KINDS.get(k.removesuffix("Start"))
+
+
+def _kernel_collective(ins: Any, comps: dict[str, list[Any]]) -> str:
+    """The collective a `COLLECTIVE_KERNEL` thunk's HLO fusion `ins` computes ("unknown" when
+    its computation holds none)."""
+    called = re.search(r"calls=%([\w.\-]+)", ins.attrs) if ins is not None else None
+    for sub in comps.get(called.group(1), []) if called else []:
+        op = sub.opcode.removesuffix("-start")
+        if op in _HLO_COLLECTIVES:
+            return "all-to-all" if op == "ragged-all-to-all" else op
+    return "unknown"
 
 
 def _walk(thunks: Sequence[Any], times: int, out: list[tuple[Any, int, bool]],
@@ -78,7 +101,7 @@ def collectives(hlo_text: str, thunks: Sequence[Any], names: dict[int, str]) -> 
     a dumped compile: `count` collectives run, `bytes` their operands' bytes on one device;
     `unknown`: collectives whose HLO instruction was not found (counted, bytes 0) or that sit
     in a while loop of unknown trip count (counted once per entry)."""
-    instrs, _, _ = parse_hlo(hlo_text)
+    instrs, comps, _ = parse_hlo(hlo_text)
     found: list[tuple[Any, int, bool]] = []
     _walk(thunks, 1, found)
     by_kind: dict[str, dict[str, int]] = {}
@@ -90,7 +113,11 @@ def collectives(hlo_text: str, thunks: Sequence[Any], names: dict[int, str]) -> 
             size = 0
         else:
             size = sum(shape_bytes(instrs[o].shape) for o in ins.operands if o in instrs)
-        k = by_kind.setdefault(_collective(t.kind), {"count": 0, "bytes": 0})
+        kind = _collective(t.kind)
+        if kind == COLLECTIVE_KERNEL:
+            kind = _kernel_collective(ins, comps)
+            unknown += times if kind == "unknown" else 0
+        k = by_kind.setdefault(kind, {"count": 0, "bytes": 0})
         k["count"] += times
         k["bytes"] += times * size
     return {"count": sum(k["count"] for k in by_kind.values()),

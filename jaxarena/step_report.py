@@ -419,7 +419,7 @@ def compile_step(lm: ArenaLM, params: Any, caches: Any, kind: str, target: str, 
                           dump_dir=True, mesh=mesh)  # fmt: skip
     if mesh is not None:  # the cost model reads one device's weights and caches
         params, caches = _local(params), _local(caches)
-    coll = collectives(res.hlo_text, res.thunks, res.thunk_names)
+    coll = collectives(res.dump_hlo_text or res.hlo_text, res.thunks, res.thunk_names)
     coll.update(collective_minimum(lm, kind, tp))
     coll["link_seconds"] = link_seconds(coll, tp, target)
     return {"temp_bytes": res.temp_bytes, "alias_bytes": res.alias_bytes,

@@ -44,7 +44,7 @@ def test_eight_h200s_compile_an_all_reduce(h200):
     w = jax.ShapeDtypeStruct((8, 64, 128), jnp.bfloat16, sharding=sharded)
     res = compile_for_gpu(f, x, w, mesh=mesh, dump_dir=True)
     assert res.argument_bytes == (4 * 64 + 64 * 128) * 2  # one device's slices
-    c = collectives(res.hlo_text, res.thunks, res.thunk_names)
+    c = collectives(res.dump_hlo_text, res.thunks, res.thunk_names)
     assert c["by_kind"] == {"all-reduce": {"count": 1, "bytes": 4 * 128 * 2}}
     assert c["unknown"] == 0
 
