@@ -185,8 +185,9 @@ def test_packed_plan_gives_identical_logits(runs):
     plan, lt = packed.model.plan, packed.model.plan.lifetimes
     # Exactly the recorded buffers, the kernels' own among them; none of the XLA values.
     assert set(plan.regions) == set(lt.live)
-    assert {"attn_output", "splitk_workspace", "ssd_scratch"} <= set(plan.regions)
-    assert not {"ssm_qkvz", "ssm_deinterleaved", "norm_output"} & set(plan.regions)
+    assert {"splitk_workspace", "ssd_scratch"} <= set(plan.regions)
+    # `attn_output` too is a value since split-K decode returns its output (issue 39).
+    assert not {"attn_output", "ssm_qkvz", "ssm_deinterleaved", "norm_output"} & set(plan.regions)
     used = {n: seq.model.plan.regions[n].nbytes for n in plan.regions}
     alone = ArenaPlan.sequential(used, guard_bytes=plan.guard_bytes).total_bytes
     assert packed.arena_bytes <= alone < seq.arena_bytes
