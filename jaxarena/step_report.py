@@ -46,6 +46,13 @@ from jaxarena._units import format_bytes, plural
 from jaxarena.models.checkpoint import DTYPES, Reader, fp8_spec, open_checkpoint
 from jaxarena.models.families.registry import family_for
 from jaxarena.models.stack import ArenaLM
+from jaxarena.models.tensor_parallel import (
+    AXIS,
+    check_degrees,
+    check_tensor_parallel,
+    shard_step,
+    tp_mesh,
+)
 from jaxarena.step_collectives import (
     collective_minimum,
     collectives,
@@ -73,7 +80,6 @@ GUARD_BYTES = 64
 
 S = jax.ShapeDtypeStruct
 I32 = jnp.int32
-TP_AXIS = "tp"  # `jaxarena.models.tensor_parallel.AXIS` (imported lazily: the models' module)
 
 
 # -- where the model comes from ---------------------------------------------------------------
@@ -281,8 +287,6 @@ def abstract_model(
                                                  cfg.source)) from None  # fmt: skip
     whole = cfg
     if tp > 1:
-        from jaxarena.models.tensor_parallel import check_tensor_parallel
-
         cfg = check_tensor_parallel(arch, whole, tp, ep)
     sizing = Target.preset(SIZING_TARGETS[target])
     levers = Levers()
@@ -297,7 +301,7 @@ def abstract_model(
                  max_batch_size=max_batch_size, target=sizing, levers=levers,
                  interpret=None if target == "cpu" else False)  # fmt: skip
     if tp > 1:
-        lm = dataclasses.replace(lm, tp_axis=TP_AXIS, tp_vocab=whole.vocab_size)
+        lm = dataclasses.replace(lm, tp_axis=AXIS, tp_vocab=whole.vocab_size)
     # A weight format other than the checkpoint's: shapes from the config, dtypes from `weights`.
     params = _abstract_params(source, arch, raw, headers=weights is None,
                               local=cfg if tp > 1 else None, tp=tp, ep=ep)  # fmt: skip
@@ -315,13 +319,7 @@ def check_parallelism(tp: Any, ep: Any, target: str | None = None) -> None:
     """`ValueError` unless `tp` is a positive int and `ep` is 1 or `tp` (the mesh splits the
     experts over the tensor-parallel devices themselves, `tensor_parallel`), and, for the
     "cpu" target, this process has `tp` CPU devices."""
-    for name, v in (("tp", tp), ("ep", ep)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name}={v!r} must be a positive int")
-    if ep not in (1, tp):
-        raise ValueError(f"ep={ep} must be 1 or equal to tp={tp}: the routed experts are split "
-                         f"over the tensor-parallel devices themselves (use --tp {ep} --ep "
-                         f"{ep}, or --ep 1)")  # fmt: skip
+    check_degrees(tp, ep)
     if target == "cpu" and tp > 1 and jax.device_count() < tp:
         raise ValueError(f"tp={tp} on the cpu target needs {tp} CPU devices; this process has "
                          f"{jax.device_count()} (start it with XLA_FLAGS="
@@ -387,18 +385,16 @@ def compile_step(lm: ArenaLM, params: Any, caches: Any, kind: str, target: str, 
     arena = S(lm.plan.arena_shape, jnp.uint8)
     mesh = None
     if tp > 1:
-        from jaxarena.models.tensor_parallel import shard_step, tp_mesh
-
         if target == "cpu":
             mesh = tp_mesh(tp)
         else:
             from jaxarena.gpu_aot import gpu_mesh
 
-            mesh = gpu_mesh(tp, target, TP_AXIS)
+            mesh = gpu_mesh(tp, target, AXIS)
         fn = shard_step(fn, mesh)
         params, caches, arena = _on_mesh(params, mesh), _on_mesh(caches, mesh), S(
             (tp * arena.shape[0], arena.shape[1]), arena.dtype,
-            sharding=lm.plan.sharding(mesh, TP_AXIS))  # fmt: skip
+            sharding=lm.plan.sharding(mesh, AXIS))  # fmt: skip
     step = jax.jit(fn, donate_argnums=(1, 2))
     new_session()  # the Pallas kernels' cost declarations from here on are this step's
     if target == "cpu":
@@ -432,7 +428,7 @@ def compile_step(lm: ArenaLM, params: Any, caches: Any, kind: str, target: str, 
 
 def _on_mesh(tree: Any, mesh: Any) -> Any:
     """One device's abstract arrays as `[tp, ...]` arrays sharded over the mesh's axis."""
-    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(TP_AXIS))
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(AXIS))
     tp = mesh.devices.size
     return jax.tree.map(lambda a: S((tp, *a.shape), a.dtype, sharding=sharding), tree)
 

@@ -46,6 +46,7 @@ from jaxarena.engine.sampling import slot_params
 from jaxarena.engine.scheduler import Request, Scheduler
 from jaxarena.engine.types import RequestError, SamplingParams, TokenEvent
 from jaxarena.models.lora import adapter_rank
+from jaxarena.models.tensor_parallel import check_degrees
 
 __all__ = ["CompletionOutput", "Engine"]
 
@@ -179,7 +180,8 @@ class Engine:
           load_options: more `load_pretrained` arguments (`interpret`, `scan_layers`, ...).
 
         Raises:
-          ValueError: limits or a pool that do not fit (the message gives the arithmetic).
+          ValueError: limits or a pool that do not fit (the message gives the arithmetic);
+            `tp` not a positive int or `ep` other than 1 and `tp`.
           CheckpointError, ConfigError, NotImplementedError: as `load_pretrained`.
         """
         from jaxarena.models import load_pretrained
@@ -189,6 +191,7 @@ class Engine:
                         ("max_batch_tokens", max_batch_tokens), ("kv_block_size", kv_block_size)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name}={v!r} must be an int >= 1")
+        check_degrees(tp, ep)  # before anything is sized or read
         if kv_block_size & (kv_block_size - 1):
             raise ValueError(f"kv_block_size={kv_block_size} must be a power of two (the split-K "
                              "decode kernel tiles a page in powers of two)")  # fmt: skip

@@ -115,7 +115,7 @@ def abstract_inputs(model: Any, name: str) -> tuple[Any, ...]:
 
 def penalty_state(model: Any) -> PenaltyState:
     """The sampler's zeroed penalty state for `model`'s slots (`[max_batch_size, vocab]`)."""
-    r, vocab = model.max_batch_size, model.tp_vocab or model.config.vocab_size
+    r, vocab = model.max_batch_size, model.vocab_size
     return PenaltyState(prompt_mask=jnp.zeros((r, vocab), jnp.bool_),
                         output_counts=jnp.zeros((r, vocab), jnp.int32))  # fmt: skip
 
@@ -251,7 +251,7 @@ class Runner:
     def reset_slot(self, slot: int, prompt_ids: list[int], output_ids: list[int]) -> None:
         """Sets slot `slot`'s penalty rows to a request's prompt tokens and output counts (a
         request entering the slot, or resuming after preemption)."""
-        vocab = self.model.tp_vocab or self.model.config.vocab_size
+        vocab = self.model.vocab_size
         mask = np.zeros(vocab, np.bool_)
         mask[np.asarray(prompt_ids, np.int64)] = True
         counts = np.bincount(np.asarray(output_ids, np.int64), minlength=vocab).astype(np.int32)

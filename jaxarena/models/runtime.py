@@ -42,14 +42,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxarena import ArenaPlan, BufferSizes, Levers, ModelConfig, Target
-from jaxarena.models.arena_options import GUARD_BYTES, packed_plan, with_kv_dtype
+from jaxarena.models.arena_options import GUARD_BYTES, packed_plan, page_tables, with_kv_dtype
 from jaxarena.models.blocks.attention import KV_DTYPES
 from jaxarena.models.checkpoint import CheckpointError, Reader, fp8_spec, open_checkpoint
 from jaxarena.models.core.kernels import resolve_kernels
 from jaxarena.models.families.registry import SUPPORTED_FAMILIES, family_for
 from jaxarena.models.lora import LoraLayout, lora_layout, lora_tables, read_adapter, set_slot
 from jaxarena.models.stack import ArenaLM
-from jaxarena.models.tensor_parallel import as_mesh, load_on_mesh, shard_step
+from jaxarena.models.tensor_parallel import as_mesh, load_on_mesh, per_device_bytes, shard_step
 from jaxarena.testing import count_traces
 
 __all__ = ["CausalLM", "CheckpointError", "RequestError", "load_pretrained", "SUPPORTED_FAMILIES"]
@@ -73,6 +73,12 @@ def _abstract(tree: Any) -> tuple[Any, tuple[Any, ...]]:
     (shape, dtype, weak type; `jax.typeof`)."""
     leaves, treedef = jax.tree.flatten(tree)
     return treedef, tuple(jax.typeof(x) for x in leaves)
+
+
+def _bytes(tree: Any, mesh: Any) -> int:
+    """Bytes of `tree` on one device (a mesh's arrays carry a leading device axis)."""
+    return per_device_bytes(tree) if mesh is not None else sum(
+        x.nbytes for x in jax.tree.leaves(tree))  # fmt: skip
 
 
 def _callable_key(fn: Any) -> Any:
@@ -150,8 +156,7 @@ class CausalLM:
     def weight_bytes(self) -> int:
         """Bytes of the weights on the device (on EACH device of a mesh; FP8 weights count one
         byte per element)."""
-        return sum(x.nbytes // (x.shape[0] if self.mesh is not None else 1)
-                   for x in jax.tree.leaves(self.params))  # fmt: skip
+        return _bytes(self.params, self.mesh)
 
     @property
     def arena_bytes(self) -> int:
@@ -159,8 +164,7 @@ class CausalLM:
 
     @property
     def cache_bytes(self) -> int:
-        return sum(x.nbytes // (x.shape[0] if self.mesh is not None else 1)
-                   for x in jax.tree.leaves(self.caches))  # fmt: skip
+        return _bytes(self.caches, self.mesh)
 
     def step_memory(self, kind: str = "decode") -> dict[str, int]:
         """XLA's memory analysis of a compiled step (`"decode"`, `"prefill"`, `"prefill_all"`)
@@ -546,20 +550,8 @@ def load_pretrained(
     if scan_layers:
         host = model.stack_params(host)
     params = jax.device_put(host)  # the one host -> device copy of the weights
-    rows = max_batch_size + 1  # + the padding sequence of a fixed-shape prefill
-    per_seq = model.pages_per_seq
-    if kv_pages is None:
-        caches = model.init_caches(num_blocks=rows * per_seq, rows=rows)
-        # Shuffled pages, so the paged reads are exercised as a serving engine would use them.
-        perm = np.random.default_rng(0).permutation(rows * per_seq).astype(np.int32)
-        tables = jnp.asarray(perm.reshape(rows, per_seq))
-    else:
-        if isinstance(kv_pages, bool) or not isinstance(kv_pages, int) or kv_pages < 1:
-            raise ValueError(f"kv_pages={kv_pages!r} must be an int >= 1 or None")
-        # The serving engine's pool: page 0 is the null page; the engine hands each step its
-        # own block tables, so these point every row at the null page.
-        caches = model.init_caches(num_blocks=kv_pages + 1, rows=rows)
-        tables = jnp.zeros((rows, per_seq), jnp.int32)
+    pages, tables = page_tables(model, kv_pages)
+    caches = model.init_caches(num_blocks=pages, rows=max_batch_size + 1)
     if packed:
         plan = packed_plan(model, sizes, params, caches, tables)
         model = dataclasses.replace(model, plan=plan)

@@ -175,6 +175,12 @@ class ArenaLM:
             raise ValueError(f"prefill_chunk={c!r} must be None, 'auto' or an int >= 1")
 
     @property
+    def vocab_size(self) -> int:
+        """The whole model's vocabulary, the logits' width (`config`'s on one device; over a
+        mesh `config` holds one device's share and `tp_vocab` the whole)."""
+        return self.tp_vocab or self.config.vocab_size
+
+    @property
     def pages_per_seq(self) -> int:
         """Columns of a block table: the KV pages of the longest sequence a step can hold,
         `ceil(max(max_seq_len, max_batch_tokens) / kv_block_size)` (a prefill's padding
@@ -347,7 +353,7 @@ class ArenaLM:
             logits = self.arch.final_softcap * jnp.tanh(logits / self.arch.final_softcap)
         logits = logits.astype(BF16)
         if self.tp_axis is not None:  # vocab-parallel head: gather, drop the padding columns
-            logits = lax.all_gather(logits, self.tp_axis, axis=1, tiled=True)[:, : self.tp_vocab]
+            logits = lax.all_gather(logits, self.tp_axis, axis=1, tiled=True)[:, : self.vocab_size]
         return arena, logits
 
     # -- steps -----------------------------------------------------------------------------------

@@ -45,6 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxarena import ArenaPlan, BufferSizes, ModelConfig
+from jaxarena.models.arena_options import page_tables
 from jaxarena.models.checkpoint import CheckpointError, Reader
 from jaxarena.models.stack import ArenaLM
 
@@ -52,6 +53,7 @@ __all__ = [
     "AXIS",
     "ShardReader",
     "as_mesh",
+    "check_degrees",
     "check_tensor_parallel",
     "device_slices",
     "load_on_mesh",
@@ -111,6 +113,18 @@ def tensor_layouts(block: Any, config: ModelConfig) -> dict[str, tuple[int, tupl
     return {}
 
 
+def check_degrees(tp: Any, ep: Any) -> None:
+    """`ValueError` unless `tp` is a positive int and `ep` is 1 or `tp` (the experts are split
+    over the tensor-parallel devices themselves)."""
+    for name, v in (("tp", tp), ("ep", ep)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name}={v!r} must be a positive int")
+    if ep not in (1, tp):
+        raise ValueError(f"ep={ep} must be 1 or equal to tp={tp}: the routed experts are split "
+                         f"over the tensor-parallel devices themselves (use --tp {ep} --ep "
+                         f"{ep}, or --ep 1)")  # fmt: skip
+
+
 def check_tensor_parallel(arch: Any, config: ModelConfig, tp: int, ep: int = 1) -> ModelConfig:
     """The per-device config of `config` over `tp` devices (`ModelConfig.shard`), after checking
     that every block of `arch` runs split that way. `ep`: 1, or `tp` to split the routed
@@ -121,9 +135,7 @@ def check_tensor_parallel(arch: Any, config: ModelConfig, tp: int, ep: int = 1) 
       ConfigError: a dimension does not split (from `ModelConfig.shard`).
       NotImplementedError: a block kind or layout that is not split here, named.
     """
-    if ep not in (1, tp):
-        raise ValueError(f"ep={ep} must be 1 or equal to tp={tp}: the experts are split over "
-                         "the tensor-parallel devices themselves")  # fmt: skip
+    check_degrees(tp, ep)
     local = config.shard(tp=tp, ep=ep)
     if tp == 1:
         return local
@@ -336,7 +348,6 @@ def load_on_mesh(mesh: jax.sharding.Mesh, family: Any, ckpt: Any, fp8: Any, conf
                                     target=m["target"])  # fmt: skip
     model = ArenaLM(config=local, arch=arch, plan=ArenaPlan.sequential(sizes, guard_bytes=guard_bytes),
                     tp_axis=AXIS, tp_vocab=config.vocab_size, **m)  # fmt: skip
-    rows = m["max_batch_size"] + 1  # + the padding sequence of a fixed-shape prefill
     per_device, unused = {}, None
     for r, dev in enumerate(mesh.devices.flat):
         if dev.process_index != jax.process_index():
@@ -347,15 +358,10 @@ def load_on_mesh(mesh: jax.sharding.Mesh, family: Any, ckpt: Any, fp8: Any, conf
         # Other processes read the other devices' experts.
         unused = {n for n in unused if ".experts." not in n}
     params = stack_on_mesh(per_device, mesh)
-    per_seq = model.pages_per_seq
-    pages = rows * per_seq if kv_pages is None else kv_pages + 1
-    shapes = jax.eval_shape(lambda: model.init_caches(num_blocks=pages, rows=rows))
-    caches = zeros_on_mesh(shapes, mesh)
-    if kv_pages is None:
-        perm = np.random.default_rng(0).permutation(pages).astype(np.int32)
-        tables = jnp.asarray(perm.reshape(rows, per_seq))
-    else:
-        tables = jnp.zeros((rows, per_seq), jnp.int32)
+    pages, tables = page_tables(model, kv_pages)
+    rows = m["max_batch_size"] + 1
+    caches = zeros_on_mesh(jax.eval_shape(lambda: model.init_caches(num_blocks=pages, rows=rows)),
+                           mesh)  # fmt: skip
     arena = model.plan.allocate(sharding=model.plan.sharding(mesh, AXIS))
     return model, params, arena, caches, tables, sorted(unused)
 
