@@ -206,7 +206,10 @@ def _mla(model, b: MLA, p, x, cache, ctx, mode):
 
 def _mlp(b: MLP, p, x):
     if b.act == "swiglu":
-        h = jax.nn.silu(x @ p["w_gate"]) * (x @ p["w_up"])
+        # The model's joined gate|up weight (`MLP.read_params`): one GEMM, as ArenaLM's.
+        gu = x @ p["w_gate_up"]
+        inter = gu.shape[-1] // 2
+        h = jax.nn.silu(gu[:, :inter]) * gu[:, inter:]
     else:
         h = jnp.square(jax.nn.relu(x @ p["w_up"]))
     return h @ p["w_down"]

@@ -256,7 +256,7 @@ def test_fp8_weights_stay_fp8_on_the_device(runs):
     assert lm.fp8
     quantized = 0
     for block in lm.params["layers"]:
-        for key in ("wqkv", "wo", "w_gate", "w_up", "w_down"):
+        for key in ("wqkv", "wo", "w_gate_up", "w_down"):
             parts = block.get(key, ())
             for part in parts if isinstance(parts, tuple) else (parts,):
                 assert part["w"].dtype == jnp.float8_e4m3fn, key
@@ -265,7 +265,7 @@ def test_fp8_weights_stay_fp8_on_the_device(runs):
                 assert part["scale_inv"].shape == (-(-out // 128), -(-inp // 128))
                 quantized += 1
         assert block["norm"].dtype == jnp.bfloat16
-    assert quantized == 7 * lm.config.num_hidden_layers  # q, k, v, o, gate, up, down
+    assert quantized == 6 * lm.config.num_hidden_layers  # q, k, v, o, gate|up, down
     for key in ("embed", "lm_head", "final_norm"):
         assert lm.params[key].dtype == jnp.bfloat16
     # Measured bytes = the memory budget's FP8 weight bytes (e4m3 linears + f32 block scales,

@@ -42,9 +42,9 @@ def test_abstract_weights_are_the_loaded_ones_without_bytes(runs, tmp_path):
     assert _types(from_config) == _types(params)
     # --weights fp8: every linear weight becomes float8 [out, in] with f32 128x128 block scales.
     _, fp8, _ = abstract_model(tmp_path, target="cpu", weights="fp8", **LIMITS)
-    mlp = fp8["layers"][1]["w_up"]
-    assert mlp["w"].dtype == np.dtype("float8_e4m3fn") and mlp["w"].shape == (128, 64)
-    assert mlp["scale_inv"].shape == (1, 1) and fp8["embed"].dtype == params["embed"].dtype
+    mlp = fp8["layers"][1]["w_gate_up"]  # gate then up: 2 x 128 outputs
+    assert mlp["w"].dtype == np.dtype("float8_e4m3fn") and mlp["w"].shape == (256, 64)
+    assert mlp["scale_inv"].shape == (2, 1) and fp8["embed"].dtype == params["embed"].dtype
     # Asked of a bf16 checkpoint, another format takes the config's shapes, not the headers.
     assert _types(abstract_model(LLAMA, target="cpu", weights="fp8", **LIMITS)[1]) == _types(fp8)
 

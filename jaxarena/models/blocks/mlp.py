@@ -1,8 +1,9 @@
 """The dense MLP: `relu2` (`down(relu(up x)^2)`, Nemotron-H) or `swiglu`
 (`down(silu(gate x) * up x)`, Llama / Qwen3; a Llama decoder layer is two blocks, attention
-then MLP). Arena regions: the FP8 activation buffers (`fp8_act*` for K = hidden, `ffn_act_*`
-for K = intermediate), which the quantizer kernel writes in place; the GEMM outputs are XLA
-values rounded as `expert_gate_out`, `expert_up_out`, `moe_output` would store them.
+then MLP; gate and up are one weight, one GEMM). Arena regions: the FP8 activation buffers
+(`fp8_act*` for K = hidden, `ffn_act_*` for K = intermediate), which the quantizer kernel
+writes in place; the GEMM outputs are XLA values rounded as `expert_gate_out`,
+`expert_up_out`, `moe_output` would store them.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import jax.numpy as jnp
 
 from jaxarena import ModelConfig, workspaces
 from jaxarena.models.blocks.base import Env, StatelessBlock, dense_init
-from jaxarena.models.core.arena import fp8_regions, linear, stored
+from jaxarena.models.core.arena import fp8_regions, fuse_outputs, linear, stored
 from jaxarena.models.core.lora import lora_add, lora_tables
 
 __all__ = ["MLP", "FFN_QUANT_REGIONS", "MLP_ACTS", "ffn_down_regions"]
@@ -53,8 +54,12 @@ class MLP(StatelessBlock):
       fp8_acts: the projections multiply FP8-quantized activations even when their weights
         are float (the reference hybrid model's choice).
 
-    Parameters: `w_up` (`[hidden, inter]`), `w_down` (`[inter, hidden]`) and with `swiglu`
-    `w_gate` (`[hidden, inter]`); float or FP8 (`jaxarena.models.core.arena`).
+    Parameters: `w_down` (`[inter, hidden]`) and `w_up` (`[hidden, inter]`, `relu2`) or, gated,
+    `w_gate_up` (`[hidden, 2 inter]`: the gate's columns, then the up's; one GEMM for both, a
+    launch fewer per layer than two), float or FP8 (`jaxarena.models.core.arena`; FP8
+    `{"w": [2 inter, hidden], "scale_inv": [2 inter / 128, ...]}`). Where the two cannot be
+    one weight (`core.arena.fuse_outputs`: FP8 with `inter % 128 != 0`, or one FP8 and one
+    float) `w_gate_up` is the tuple `(gate, up)`: two GEMMs on one input quantization.
     """
 
     kind: ClassVar[str] = "mlp"
@@ -70,19 +75,27 @@ class MLP(StatelessBlock):
         h, inter = config.hidden_size, config.intermediate_size
         p = {}
         if self.act in _GATES:
-            p["w_gate"] = dense_init(keys, h, inter)
-        p["w_up"] = dense_init(keys, h, inter)
+            # Two draws (the gate's, then the up's): the values of separate weights.
+            gate = dense_init(keys, h, inter)
+            p["w_gate_up"] = fuse_outputs(gate, dense_init(keys, h, inter))
+        else:
+            p["w_up"] = dense_init(keys, h, inter)
         p["w_down"] = dense_init(keys, inter, h) * 0.5
         return p
 
     def read_params(self, reader: Any, config: ModelConfig, prefix: str,
                     norm: str) -> dict[str, Any]:  # fmt: skip
-        """`{prefix}.{gate,up,down}_proj` (no gate with `relu2`)."""
+        """`{prefix}.{gate,up,down}_proj` (no gate with `relu2`); gate and up joined into
+        `w_gate_up` (see the class docstring). Under tensor parallelism the reader hands out
+        this device's slice of each, so a device's `w_gate_up` is its gate slice then its up
+        slice, the columns its slice of the activation needs."""
         h, inter = config.hidden_size, config.intermediate_size
         p = {"norm": reader.vector(norm, h)}
         if self.act in _GATES:
-            p["w_gate"] = reader.linear(f"{prefix}.gate_proj", inter, h)
-        p["w_up"] = reader.linear(f"{prefix}.up_proj", inter, h)
+            gate = reader.linear(f"{prefix}.gate_proj", inter, h)
+            p["w_gate_up"] = fuse_outputs(gate, reader.linear(f"{prefix}.up_proj", inter, h))
+        else:
+            p["w_up"] = reader.linear(f"{prefix}.up_proj", inter, h)
         p["w_down"] = reader.linear(f"{prefix}.down_proj", h, inter)
         return p
 
@@ -105,22 +118,21 @@ class MLP(StatelessBlock):
         tabs = lora_tables(p, lora_slots)
         act_regions = workspaces.FP8_ACT_REGIONS
         if self.act in _GATES:
-            # One input quantization for both projections (a tuple weight); bf16 weights'
-            # products come out of the GEMMs as the bf16 values `stored` would round them to,
-            # so where XLA's GPU dot merger joins the two GEMMs its output is bf16, not a
-            # float32 buffer twice the size (48 MiB at 2048 rows of Qwen3-0.6B).
-            arena, gu = linear(plan, arena, x, (t, h), (p["w_gate"], p["w_up"]), act_regions,
+            # One GEMM of the joined weight (or, for a `(gate, up)` tuple, one input
+            # quantization for both). `stored_out`: a bf16 weight's product comes out of the
+            # GEMM as the bf16 values `stored` would round it to, a bf16 [T, 2 inter] output,
+            # not a float32 one twice the size (48 MiB at 2048 rows of Qwen3-0.6B).
+            arena, gu = linear(plan, arena, x, (t, h), p["w_gate_up"], act_regions,
                                quant=quant, interpret=it, kernels=env.kernels,
                                split=tabs is None, stored_out=True)  # fmt: skip
             if tabs is not None:
-                # With LoRA, one [T, 2 inter] output that both deltas are added into in place:
-                # XLA's merged gate/up GEMM writes it, where two outputs would be two slice
-                # copies of that GEMM's output (24 MiB at 2048 tokens of Qwen3-0.6B).
+                # With LoRA, one [T, 2 inter] output that both deltas are added into in place
+                # (the gate's on its first `inter` columns, the up's on the rest).
                 arena, (gu,) = lora_add(plan, arena, (gu,), x,
                                         [[tabs["gate_proj"], tabs["up_proj"]]], lora_slots,
                                         interpret=it)  # fmt: skip
-                gu = (gu[:, :inter], gu[:, inter:])
-            g, u = gu
+                gu = (gu,)
+            g, u = gu if len(gu) == 2 else (gu[0][:, :inter], gu[0][:, inter:])
             act = stored(_GATES[self.act](stored(g)) * stored(u))
         else:
             arena, up = linear(plan, arena, x, (t, h), p["w_up"], act_regions, quant=quant,

@@ -40,6 +40,7 @@ __all__ = [
     "is_fp8",
     "dequant_weight",
     "fp8_regions",
+    "fuse_outputs",
 ]
 
 BF16 = jnp.bfloat16
@@ -61,6 +62,36 @@ def dequant_weight(w: dict[str, jax.Array]) -> jax.Array:
     n, k = q.shape
     full = jnp.repeat(jnp.repeat(s, workspaces.FP8_BLOCK, 0), workspaces.FP8_BLOCK, 1)[:n, :k]
     return (q.astype(F32) * full).T
+
+
+def _concat(a: Any, b: Any, axis: int) -> Any:
+    """`a` and `b` joined along `axis`: host arrays, or `jax.ShapeDtypeStruct`s (the shapes-only
+    reader of `jaxarena.step_report`), whose shape the joined array would have."""
+    if isinstance(a, jax.ShapeDtypeStruct):
+        shape = list(a.shape)
+        shape[axis] += b.shape[axis]
+        return jax.ShapeDtypeStruct(tuple(shape), a.dtype)
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        return np.concatenate([a, b], axis=axis)
+    return jnp.concatenate([a, b], axis=axis)
+
+
+def fuse_outputs(a: Any, b: Any) -> Any:
+    """Linear weights `a` and `b` (same input) as ONE weight whose outputs are `a`'s columns
+    then `b`'s, so that `linear` runs one GEMM for both: float `[in, out_a + out_b]`, or FP8
+    `{"w": [out_a + out_b, in], "scale_inv"}` with the two scale grids stacked (exact when
+    `out_a` is a multiple of the 128 x 128 block: no block then spans both weights).
+
+    Returns the tuple `(a, b)` (two GEMMs, one input quantization) where they cannot be one:
+    FP8 with `out_a % 128 != 0`, one FP8 and one float, or two float dtypes. Works on host
+    arrays, jax arrays and `jax.ShapeDtypeStruct`s (leaves of the FP8 dict included)."""
+    if is_fp8(a) and is_fp8(b):
+        if a["w"].shape[0] % workspaces.FP8_BLOCK:
+            return (a, b)
+        return {k: _concat(a[k], b[k], 0) for k in ("w", "scale_inv")}
+    if is_fp8(a) or is_fp8(b) or a.dtype != b.dtype:
+        return (a, b)
+    return _concat(a, b, 1)
 
 
 def fp8_regions(plan: ArenaPlan, t: int, k: int,

@@ -1,0 +1,88 @@
+"""The gated MLP's gate and up projections are ONE weight, `w_gate_up` (issue 39: one GEMM
+for both, a decode launch fewer per layer): its output columns are the checkpoint's
+`gate_proj` then `up_proj`, bit for bit, for bf16 weights and for FP8 ones (the e4m3 rows
+and the 128 x 128 block scales stacked), on one device and on each device of a
+tensor-parallel split (each device's gate slice then its up slice). Where the two cannot be
+one weight (`fuse_outputs`: FP8 with an output width off the 128 block, FP8 next to float)
+they stay the pair `linear` runs as two GEMMs. Host reads only: nothing is compiled.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+from lm_runs import CHECKPOINTS
+
+from jaxarena import ModelConfig
+from jaxarena.models.checkpoint import fp8_spec, open_checkpoint
+from jaxarena.models.core.arena import fuse_outputs, is_fp8
+from jaxarena.models.families.registry import family_for
+from jaxarena.models.tensor_parallel import device_slices
+
+
+def _device_params(name: str, tp: int, rank: int):
+    """Device `rank`'s host weights of fixture `name` over `tp` devices (tp 1: the model's)."""
+    ckpt = open_checkpoint(CHECKPOINTS / name)
+    raw = ckpt.config
+    family = family_for(raw["model_type"], ckpt.path)
+    cfg = ModelConfig.from_hf(ckpt.path / "config.json")
+    arch = family.arch(raw["model_type"], raw, cfg, ckpt.path, 32)
+    host, _ = device_slices(family, ckpt, fp8_spec(raw, ckpt.path), cfg, arch, tp, rank)
+    names = family.tensor_names(cfg, arch)
+    mlps = [(p, prefix) for b, p, (prefix, _) in
+            zip(arch.blocks, host["layers"], names.blocks, strict=True) if b.kind == "mlp"]  # fmt: skip
+    return ckpt, cfg, mlps
+
+
+@pytest.mark.parametrize("name, tp", [("llama", 1), ("qwen3", 2), ("gemma2", 1)])
+def test_w_gate_up_is_the_checkpoints_gate_then_up(name, tp):
+    for rank in range(tp):
+        ckpt, cfg, mlps = _device_params(name, tp, rank)
+        inter = cfg.intermediate_size // tp  # this device's columns of each
+        cols = slice(rank * inter, (rank + 1) * inter)
+        assert mlps and all("w_gate" not in p and "w_up" not in p for p, _ in mlps)
+        for p, prefix in mlps:
+            w = p["w_gate_up"]
+            assert isinstance(w, np.ndarray) and w.shape == (cfg.hidden_size, 2 * inter)
+            for half, proj in ((w[:, :inter], "gate_proj"), (w[:, inter:], "up_proj")):
+                want = np.asarray(ckpt[f"{prefix}.{proj}.weight"])[cols].T  # [out, in] stored
+                np.testing.assert_array_equal(half.view(np.uint16), want.view(np.uint16))
+
+
+def test_fp8_w_gate_up_stacks_the_rows_and_the_block_scales():
+    ckpt, cfg, mlps = _device_params("qwen3_fp8", 1, 0)
+    inter = cfg.intermediate_size
+    assert inter % 128 == 0 and mlps
+    for p, prefix in mlps:
+        w = p["w_gate_up"]
+        assert is_fp8(w) and w["w"].shape == (2 * inter, cfg.hidden_size)
+        for k, rows in (("w", inter), ("scale_inv", inter // 128)):
+            gate = np.asarray(ckpt[f"{prefix}.gate_proj.weight{'' if k == 'w' else '_' + k}"])
+            up = np.asarray(ckpt[f"{prefix}.up_proj.weight{'' if k == 'w' else '_' + k}"])
+            assert w[k].shape[0] == 2 * rows and w[k].dtype == gate.dtype
+            np.testing.assert_array_equal(w[k][:rows].view(np.uint8), gate.view(np.uint8))
+            np.testing.assert_array_equal(w[k][rows:].view(np.uint8), up.view(np.uint8))
+
+
+def _fp8(out: int, inp: int, fill: int = 0) -> dict[str, np.ndarray]:
+    return {"w": np.full((out, inp), fill, np.uint8).view(np.dtype("float8_e4m3fn")),
+            "scale_inv": np.ones((-(-out // 128), -(-inp // 128)), np.float32)}  # fmt: skip
+
+
+def test_fuse_outputs_keeps_a_pair_where_one_weight_would_be_wrong():
+    # FP8 with 192 gate rows: a 128-row scale block would span the gate's last 64 rows and
+    # the up's first 64, which have separate scales.
+    a, b = _fp8(192, 256), _fp8(192, 256)
+    pair = fuse_outputs(a, b)
+    assert isinstance(pair, tuple) and pair[0] is a and pair[1] is b
+    f = np.zeros((256, 192), np.float32)
+    assert fuse_outputs(_fp8(128, 256), f)[1] is f  # FP8 next to float
+    assert isinstance(fuse_outputs(f, f.astype(np.float16)), tuple)  # two float dtypes
+    # The shapes-only reader's leaves (step-report): the joined shapes, dtypes kept.
+    s = jax.ShapeDtypeStruct
+    got = fuse_outputs({"w": s((256, 64), np.uint8), "scale_inv": s((2, 1), np.float32)},
+                       {"w": s((256, 64), np.uint8), "scale_inv": s((2, 1), np.float32)})  # fmt: skip
+    assert got == {"w": s((512, 64), np.uint8), "scale_inv": s((4, 1), np.float32)}
+    assert fuse_outputs(s((64, 128), np.float16), s((64, 128), np.float16)) == s((64, 256),
+                                                                                np.float16)  # fmt: skip
