@@ -11,7 +11,8 @@ Linear layers. A weight is one of
   ceil(in/128)]}` (the Qwen3-FP8 / DeepSeek-V3 format): the input is quantized 1 x 128 by the
   `fp8_block_quant` kernel into the arena's FP8 regions and multiplied block-scaled
   (`fp8_block_matmul`);
-- a tuple of those (q/k/v, gate/up): the outputs concatenated; the input is quantized once.
+- a tuple of those (FP8 q/k/v; gate/up where `fuse_outputs` cannot join them into one
+  weight): the outputs concatenated; the input is quantized once.
 """
 
 from __future__ import annotations
