@@ -103,6 +103,7 @@ def test_decode_temp_does_not_grow_with_gdn_layers(tmp_path):
                                 max_seq_len=64, max_batch_tokens=64)  # fmt: skip
         temps[layers] = d["report"]["steps"]["decode"]["temp_bytes"]
     conv_dim = 2 * raw["linear_num_key_heads"] * raw["linear_key_head_dim"] + (
-        raw["linear_num_value_heads"] * raw["linear_value_head_dim"])
+        raw["linear_num_value_heads"] * raw["linear_value_head_dim"]
+    )
     window = batch * (raw["linear_conv_kernel_dim"] - 1) * conv_dim * 4
     assert temps[8] - temps[4] < window, (temps, window)
