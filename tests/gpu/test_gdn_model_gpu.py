@@ -69,3 +69,41 @@ def test_prefill_compiles_in_place():
     )  # fmt: skip
     _check(res, lm)
     print(f"prefill: temp {res.temp_bytes} B, alias {res.alias_bytes} B, arena {lm.arena_bytes} B")
+
+
+def test_decode_temp_does_not_grow_with_gdn_layers(tmp_path):
+    """Each GDN layer's decode copies its conv window (`f32[B, kernel - 1, conv_dim]`) before
+    writing the shifted window over it; XLA hoisted every layer's copy to the step's start,
+    so the decode temp grew by one window per GDN layer (768 KiB each for Qwen3-Next at batch
+    8: 27 MiB over its 36 GDN layers). The Qwen3-Next preset's GDN widths (conv_dim 8192)
+    around small attention/MoE widths, at 4 and 8 layers (3 GDN + 1 attention per 4): going
+    from 4 to 8 layers adds three GDN layers' windows if the copies are alive together, and
+    must add less than ONE window (what else grows per layer is small at these widths)."""
+    import importlib.resources
+    import json
+
+    from jaxarena.step_report import step_report_details
+
+    try:
+        gpu_aot.gpu_device(TARGET)
+    except gpu_aot.GpuUnavailable as e:
+        pytest.skip(f"no compile-only {TARGET} can be made here: {e.reason}")
+    preset = importlib.resources.files("jaxarena") / "presets" / "qwen3-next-80b-a3b.json"
+    raw = json.loads(preset.read_text())
+    raw.update(hidden_size=256, intermediate_size=512, moe_intermediate_size=64, num_experts=8,
+               num_experts_per_tok=2, shared_expert_intermediate_size=64, vocab_size=1024,
+               num_attention_heads=2, num_key_value_heads=1)  # fmt: skip
+    batch = 8
+    temps = {}
+    for layers in (4, 8):
+        path = tmp_path / f"L{layers}" / "config.json"
+        path.parent.mkdir()
+        path.write_text(json.dumps(dict(raw, num_hidden_layers=layers)))
+        d = step_report_details(str(path), target=TARGET, steps=("decode",), max_batch_size=batch,
+                                max_seq_len=64, max_batch_tokens=64)  # fmt: skip
+        temps[layers] = d["report"]["steps"]["decode"]["temp_bytes"]
+    conv_dim = 2 * raw["linear_num_key_heads"] * raw["linear_key_head_dim"] + (
+        raw["linear_num_value_heads"] * raw["linear_value_head_dim"]
+    )
+    window = batch * (raw["linear_conv_kernel_dim"] - 1) * conv_dim * 4
+    assert temps[8] - temps[4] < window, (temps, window)

@@ -217,14 +217,21 @@ class GatedDeltaNet(Block):
         """One conv tap and one delta-rule state update per sequence (cache rows `0..B-1`)."""
         p, bsz = params, ctx.num_tokens
         arena, x, z, ba = self._project(env, p, arena, ctx.x, bsz)
-        w, prev = p["conv_w"].astype(F32), cache["conv"][:bsz]
+        # The window below is copied (the barrier after the conv keeps that copy apart); tied
+        # to the arena as this layer's projection leaves it, the copy cannot start before the
+        # previous layer is done. Without this tie XLA hoisted every layer's copy to the
+        # step's start, all alive together: the decode temp grew by one window per GDN layer
+        # (Qwen3-Next at batch 8: 768 KiB each, 27 MiB at 48 layers; now flat in the layers,
+        # the same launches). Tied to `x` instead, the conv's `x * w[-1]` left its fusion.
+        arena, conv_in = jax.lax.optimization_barrier((arena, cache["conv"]))
+        w, prev = p["conv_w"].astype(F32), conv_in[:bsz]
         conv = jnp.einsum("bkd,kd->bd", prev, w[:-1]) + x * w[-1]
         # The conv reads the old window before the shifted window is written over it: without
         # the barrier XLA fuses both into one pass, which must first copy the (donated) conv
         # cache (f32[B, kk - 1, conv_dim] of temp per layer: 768 KiB for Qwen3-Next at B = 8);
         # with it, one more launch per layer.
         conv, prev = jax.lax.optimization_barrier((conv, prev))
-        conv_cache = cache["conv"].at[:bsz].set(jnp.concatenate([prev[:, 1:], x[:, None]], 1))
+        conv_cache = conv_in.at[:bsz].set(jnp.concatenate([prev[:, 1:], x[:, None]], 1))
         g, beta = self._gates(env, p, ba, bsz)
         q, k, v = self._split_conv(env, jax.nn.silu(conv))
         # Rows 0..B-1 of the (donated) state cache are updated in place.
