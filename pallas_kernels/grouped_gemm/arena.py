@@ -158,11 +158,11 @@ def grouped_gemm_fp8_into(
         "worklist": max_work_items(m, g, _BLOCK_M) * 8,
         "counter": 4,
     }
-    for part, nbytes in need.items():
-        if layout[part][1] < nbytes:
+    for part, needed in need.items():
+        if layout[part][1] < needed:
             raise ValueError(
                 f"moe_fp8_scratch part {part!r} holds {layout[part][1]} bytes; x.shape={(t, k)}"
-                f", M={m}, G={g} need {nbytes}"
+                f", M={m}, G={g} need {needed}"
             )
     if q_rows * k >= _I32_LIMIT:
         raise NotImplementedError(f"activation span {q_rows * k} bytes >= 2^31: split the rows")

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 import jax.numpy as jnp
+import numpy as np
 
 from pallas_kernels._args import array_shape, is_concrete
 

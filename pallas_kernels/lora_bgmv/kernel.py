@@ -97,7 +97,7 @@ def lora_bgmv_kernel(slot_ref, x_ref, w_ref, scale_ref, *refs, cfg: BgmvConfig):
     cols_c = jnp.minimum(cols, cfg.n - 1)
     num_k = pl.cdiv(cfg.k, bk)
 
-    def depth(l, kk, acc):
+    def depth(slot_l, kk, acc):
         ks = kk * bk + lax.broadcasted_iota(jnp.int32, (bk,), 0)
         k_ok = ks < cfg.k
         ks_c = jnp.minimum(ks, cfg.k - 1)
@@ -106,7 +106,7 @@ def lora_bgmv_kernel(slot_ref, x_ref, w_ref, scale_ref, *refs, cfg: BgmvConfig):
         a = plgpu.load(x_ref.at[at_x], mask=row_ok[:, None] & k_ok[None, :], other=0)
         if cfg.x_at is not None:  # the bf16 bits of `xa` in the arena
             a = lax.bitcast_convert_type(a, jnp.bfloat16)
-        b = plgpu.load(w_ref.at[l, cols_c[:, None], ks_c[None, :]],
+        b = plgpu.load(w_ref.at[slot_l, cols_c[:, None], ks_c[None, :]],
                        mask=col_ok[:, None] & k_ok[None, :], other=0)  # fmt: skip
         if cfg.upcast:
             a, b = a.astype(jnp.float32), b.astype(jnp.float32)
@@ -115,19 +115,19 @@ def lora_bgmv_kernel(slot_ref, x_ref, w_ref, scale_ref, *refs, cfg: BgmvConfig):
         return acc + lax.dot_general(a, b, (((1,), (1,)), ((), ())),
                                      preferred_element_type=jnp.float32)  # fmt: skip
 
-    def per_slot(l, out):
-        mine = slot == l
-        # A while loop with a traced trip count (0 when no token of the tile uses slot `l`):
+    def per_slot(slot_l, out):
+        mine = slot == slot_l
+        # A while loop with a traced trip count (0 when no token of the tile uses this slot):
         # Triton refuses an scf.for with traced bounds.
         # (`jnp.max` of an int: Triton has no `reduce_or`.)
         used = jnp.max(mine.astype(jnp.int32)) > 0
         trips = jnp.where(used, jnp.int32(num_k), jnp.int32(0))
         _, acc = lax.while_loop(
             lambda c: c[0] < trips,
-            lambda c: (c[0] + 1, depth(l, c[0], c[1])),
+            lambda c: (c[0] + 1, depth(slot_l, c[0], c[1])),
             (jnp.int32(0), jnp.zeros((bm, bn), jnp.float32)),
         )
-        s = plgpu.load(scale_ref.at[jnp.asarray(l, jnp.int32)])
+        s = plgpu.load(scale_ref.at[jnp.asarray(slot_l, jnp.int32)])
         return jnp.where(mine[:, None], acc * s, out)
 
     out = lax.fori_loop(0, cfg.slots, per_slot, jnp.zeros((bm, bn), jnp.float32))
