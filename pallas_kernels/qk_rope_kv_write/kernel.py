@@ -4,7 +4,7 @@ One program per `(token t, head j)` of the `Hq + Hkv` query and key heads of the
 output `qkv [T, Hq + 2 Hkv, D]` (the interpreter: one program per token, looping over the
 heads). For head `j`, in float32:
 
-    x = qkv[t, j]                                   (bf16 -> f32, exact)
+    x = qkv[t, j]        (bf16 -> f32, exact; or bf16(sum of the S split-K partials))
     x = x * rsqrt(sum(x * x) / D + eps) * (w + off)  w = q_norm (j < Hq) or k_norm
     x[:R/2], x[R/2:R] = x1 cos - x2 sin, x2 cos + x1 sin     angle = f32(pos) * inv_freq
 
@@ -45,6 +45,9 @@ class WriteConfig:
       rotary_dim: channels rotated (R, 0: no RoPE); rope_scaling multiplies cos and sin.
       fp8: the caches are float8_e4m3fn (the per-KV-head scales are operands).
       heads_per_program: heads one program loops over (1 compiled; all in the interpreter).
+      splits: 1: qkv is the projection `[T, Hq + 2 Hkv, D]`; S > 1: it is S float32 split-K
+        partials `[S, T, Hq + 2 Hkv, D]`, summed in order 0..S-1 and rounded to bf16 (the
+        projection as the step stores it) before anything else.
     """
 
     num_q_heads: int
@@ -59,6 +62,7 @@ class WriteConfig:
     rope_scaling: float
     fp8: bool
     heads_per_program: int
+    splits: int = 1
 
     @property
     def segments(self) -> tuple[tuple[int, int], ...]:
@@ -85,7 +89,7 @@ def _cache_value(x, scale_ref, h, dtype, fp8: bool):
 
 def qk_rope_kv_write_kernel(*refs, cfg: WriteConfig):
     """One `(t, head group)` program. Refs, in order: positions `int32[T]`, block_tables
-    `int32[T, P]`, qkv `[T, Hq + 2 Hkv, D]`, with `norm` q_norm and k_norm `[D]`, with RoPE
+    `int32[T, P]`, qkv `[T, Hq + 2 Hkv, D]` (or its `[S, ...]` split-K partials), with `norm` q_norm and k_norm `[D]`, with RoPE
     inv_freq `float32[R / 2]`, with `fp8` k_scale and v_scale `float32[Hkv]`, the caches' rows
     `[N, Hkv, D]` (inputs, aliased to the last two outputs: not read), then the outputs q
     `bf16[T, Hq, D]` and the caches' rows (written)."""
@@ -116,14 +120,22 @@ def qk_rope_kv_write_kernel(*refs, cfg: WriteConfig):
             cos, sin = cos * cfg.rope_scaling, sin * cfg.rope_scaling
     segs = cfg.segments
 
+    def load(j, cols):
+        if cfg.splits == 1:
+            return qkv_ref[t, j, cols].astype(f32)
+        acc = qkv_ref[0, t, j, cols].astype(f32)
+        for s in range(1, cfg.splits):
+            acc = acc + qkv_ref[s, t, j, cols].astype(f32)
+        return acc.astype(jnp.bfloat16).astype(f32)
+
     def head(j):
         is_q = j < hq
         parts = []
         if cfg.norm:
-            x = qkv_ref[t, j, :].astype(f32)
+            x = load(j, slice(None))
             r = jax.lax.rsqrt(jnp.sum(x * x) / d + cfg.eps)
         for c0, n in segs:
-            x = qkv_ref[t, j, pl.ds(c0, n)].astype(f32)
+            x = load(j, pl.ds(c0, n))
             if cfg.norm:
                 w = jnp.where(is_q, qn_ref[pl.ds(c0, n)], kn_ref[pl.ds(c0, n)]).astype(f32)
                 if cfg.norm_offset:
@@ -146,7 +158,7 @@ def qk_rope_kv_write_kernel(*refs, cfg: WriteConfig):
                 plgpu.store(k_ref.at[row, h, pl.ds(c0, n)],
                             _cache_value(x, ks_ref, h, k_ref.dtype, cfg.fp8),
                             mask=jnp.broadcast_to(ok, (n,)))  # fmt: skip
-            v = qkv_ref[t, hq + hkv + h, :].astype(f32)
+            v = load(hq + hkv + h, slice(None))
             plgpu.store(v_ref.at[row, h, :], _cache_value(v, vs_ref, h, v_ref.dtype, cfg.fp8),
                         mask=jnp.broadcast_to(ok, (d,)))  # fmt: skip
 

@@ -51,23 +51,24 @@ def fused_write_unsupported(head_dim: int, rotary_dim: int, cache_dtype: Any) ->
 def qk_rope_kv_write_cost(cfg: WriteConfig, t: int, qkv_itemsize: int, w_itemsize: int,
                           cache_itemsize: int) -> tuple[int, int]:  # fmt: skip
     """`(bytes, flops)` of one launch: the token's position and table entry, the projection
-    row, the norm weights, the frequencies and scales read once; q and one K and one V row per
+    row (each of its split-K partials), the norm weights, the frequencies and scales read once; q and one K and one V row per
     token written. Flops: 4 per normed value (square, add, two multiplies), 3 per rotated one
     (two multiplies, an add per value of a pair's two), 1 per quantized K/V value (the
     division); cos/sin not counted."""
     hq, hkv, d, r = cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rotary_dim
     heads = hq + hkv
-    read = t * (4 + 4) + t * (hq + 2 * hkv) * d * qkv_itemsize
+    read = t * (4 + 4) + cfg.splits * t * (hq + 2 * hkv) * d * qkv_itemsize
     read += 2 * d * w_itemsize if cfg.norm else 0
     read += (r // 2) * 4 + (2 * hkv * 4 if cfg.fp8 else 0)
     written = t * hq * d * 2 + 2 * t * hkv * d * cache_itemsize
     flops = t * heads * ((4 * d if cfg.norm else 0) + 3 * r) + (2 * t * hkv * d if cfg.fp8 else 0)
+    flops += (cfg.splits - 1) * t * (hq + 2 * hkv) * d  # the partials' sum
     return read + written, flops
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "interpret"), donate_argnums=(0, 1))
 def _write(k_rows, v_rows, positions, tables, qkv, extras, *, cfg: WriteConfig, interpret: bool):
-    t = qkv.shape[0]
+    t = qkv.shape[-3]
     whole = pl.no_block_spec
     grid = (t, (cfg.num_q_heads + cfg.num_kv_heads) // cfg.heads_per_program)
     operands = (positions, tables, qkv, *extras, k_rows, v_rows)
@@ -137,7 +138,11 @@ def qk_rope_kv_write(
     +-448))` with the per-KV-head `k_scale` / `v_scale` (vLLM's write).
 
     Args:
-      qkv: `[T, (Hq + 2 Hkv) * D]` float (bf16: the projection as the step holds it).
+      qkv: `[T, (Hq + 2 Hkv) * D]` float (bf16: the projection as the step holds it), or
+        `float32[S, T, (Hq + 2 Hkv) * D]`: S split-K partials of the projection, summed in
+        order and rounded to bf16 first (the projection a split-K GEMM would give; a decode
+        step's GEMM output is split-K at small T, and its reduction is then this kernel's
+        instead of a launch of its own).
       k_cache, v_cache: `[num_blocks, bs, Hkv, D]`, bf16 or float8_e4m3fn. DONATED: use the
         returned caches. Only the T rows named are written; every other byte is kept.
       positions: `int32[T]`; block_tables: `int32[T, P]`. A table entry outside the cache
@@ -164,7 +169,14 @@ def qk_rope_kv_write(
     if tuple(v_cache.shape) != (nb, bs, hkv, d) or v_cache.dtype != k_cache.dtype:
         raise ValueError(f"v_cache must match k_cache: got v_cache {tuple(v_cache.shape)} "
                          f"{v_cache.dtype}, k_cache {(nb, bs, hkv, d)} {k_cache.dtype}")  # fmt: skip
-    t, cols = check_rank("qkv", qkv, 2, "[T, (Hq + 2 Hkv) * D]")
+    if getattr(qkv, "ndim", 0) == 3:  # split-K partials
+        splits, t, cols = check_rank("qkv", qkv, 3, "[S, T, (Hq + 2 Hkv) * D]")
+        if qkv.dtype != jnp.float32 or splits < 1:
+            raise ValueError(f"split-K partials qkv [S, T, N] must be float32 with S >= 1, got "
+                             f"qkv.shape={tuple(qkv.shape)}, dtype {qkv.dtype}")  # fmt: skip
+    else:
+        splits = 1
+        t, cols = check_rank("qkv", qkv, 2, "[T, (Hq + 2 Hkv) * D]")
     check_nonempty("qkv", t, "tokens T")
     if not isinstance(num_q_heads, int) or num_q_heads < 1:
         raise ValueError(f"num_q_heads={num_q_heads!r} must be an int >= 1")
@@ -215,11 +227,12 @@ def qk_rope_kv_write(
         norm=q_norm is not None, eps=float(eps), norm_offset=float(norm_offset),
         rotary_dim=rotary, rope_scaling=float(rope_scaling), fp8=fp8,
         # The interpreter pays per grid step (it copies the whole caches): one per token.
-        heads_per_program=heads if interpret else 1,
+        heads_per_program=heads if interpret else 1, splits=splits,
     )  # fmt: skip
     rows = (nb * bs, hkv, d)
     q, k_rows, v_rows = _write(
         k_cache.reshape(rows), v_cache.reshape(rows), positions, block_tables,
-        qkv.reshape(t, num_q_heads + 2 * hkv, d), tuple(extras), cfg=cfg, interpret=interpret,
+        qkv.reshape(*qkv.shape[:-1], num_q_heads + 2 * hkv, d), tuple(extras), cfg=cfg,
+        interpret=interpret,
     )  # fmt: skip
     return q, k_rows.reshape(k_cache.shape), v_rows.reshape(v_cache.shape)

@@ -27,7 +27,14 @@ def qk_rope_kv_write_reference(qkv, k_cache, v_cache, positions, block_tables, *
     """`qk_rope_kv_write`'s result `(q bf16[T, Hq, D], k_cache, v_cache)` (see its
     docstring); rows whose table entry lies outside the cache are dropped."""
     nb, bs, hkv, d = k_cache.shape
-    hq, t = num_q_heads, qkv.shape[0]
+    hq = num_q_heads
+    if qkv.ndim == 3:  # split-K partials: their sum, rounded as the step stores it
+        parts = qkv.astype(jnp.float32)
+        acc = parts[0]
+        for s in range(1, parts.shape[0]):  # in order 0..S-1, as specified
+            acc = acc + parts[s]
+        qkv = acc.astype(jnp.bfloat16)
+    t = qkv.shape[0]
     x = qkv.astype(jnp.float32).reshape(t, hq + 2 * hkv, d)
     q, k, v = x[:, :hq], x[:, hq : hq + hkv], x[:, hq + hkv :]
 

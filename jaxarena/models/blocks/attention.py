@@ -41,6 +41,12 @@ KV_DTYPES = {"bf16": BF16, "fp8": jnp.float8_e4m3fn}
 """The KV cache dtypes by name (the names of `jaxarena budget --kv-dtype`)."""
 E4M3_MAX = 448.0
 """The largest finite `float8_e4m3fn` value: quantized keys and values saturate there."""
+QKV_SPLITS = 4
+"""Split-K partials of decode's QKV projection that the fused write sums (what XLA's GEMM
+heuristic picks for Qwen3-8B / Llama-3.1-8B widths at batch 8 and 64 on an H200: 4)."""
+QKV_SPLIT_MAX_TOKENS = 64
+"""Decode batches up to this many tokens get the split-K projection; larger ones the plain
+GEMM (the f32 partials cost 4 x 4 bytes per output value)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -351,13 +357,39 @@ class Attention(Block):
         rotary = 0 if freqs is None else 2 * int(freqs[0].shape[0])
         return fused_write_unsupported(hd, rotary, KV_DTYPES[self.kv_dtype])
 
+    def _qkv_splits(self, params, ctx: StepContext) -> int:
+        """Split-K partials the fused decode write sums (1: none, the projection from
+        `linear`): `QKV_SPLITS` for a plain bf16 `wqkv` without a bias or LoRA at up to
+        `QKV_SPLIT_MAX_TOKENS` tokens whose hidden size splits into parts of >= 512."""
+        w = params["wqkv"]
+        if (self.qkv_bias or lora_tables(params, ctx.lora_slots) is not None
+                or isinstance(w, tuple | list) or not hasattr(w, "dtype") or w.dtype != BF16
+                or w.ndim != 2 or ctx.num_tokens > QKV_SPLIT_MAX_TOKENS):  # fmt: skip
+            return 1
+        h = w.shape[0]
+        return QKV_SPLITS if h % QKV_SPLITS == 0 and h // QKV_SPLITS >= 512 else 1
+
     def _fused_decode_qkv(self, env: Env, params, arena, cache, ctx: StepContext):
         """Decode's projection, then `qk_rope_kv_write`: the normed, rotated bf16 q and the
         caches with the new K/V rows, in one launch (`fused_write_unsupported` is None). The
         same operations in the same order as `_qkv` + `_append_kv` (module docstring of the
         kernel: bit-equal up to the sum-of-squares order). Returns `(arena, q, cache)`."""
         c = env.config
-        arena, qkv, _ = self._project(env, params, arena, ctx)
+        splits = self._qkv_splits(params, ctx)
+        if splits > 1:
+            # The projection as `splits` float32 partials over the hidden axis, their sum the
+            # kernel's: XLA splits this GEMM (split-K) at decode's few rows anyway, and a
+            # custom call cannot absorb the split-K reduction as the XLA passes it replaces
+            # did (measured: a launch of its own, 14 per Qwen3-8B layer instead of 13).
+            x = ctx.x.astype(BF16)  # bf16 values already (`stored`)
+            t, h = x.shape
+            w = params["wqkv"]
+            qkv = jnp.einsum("tsk,skn->stn", x.reshape(t, splits, h // splits),
+                             w.reshape(splits, h // splits, w.shape[-1]),
+                             preferred_element_type=F32)  # fmt: skip
+        else:
+            arena, qkv, _ = self._project(env, params, arena, ctx)
+            qkv = qkv.astype(BF16)  # exact: `stored` values
         freqs = self.rope_frequencies(c.head_dim)
         norms = {}
         if self.qk_norm:
@@ -366,7 +398,7 @@ class Attention(Block):
         pos = ctx.positions.astype(jnp.int32)
         tables = ctx.block_tables.astype(jnp.int32)
         q, k, v = qk_rope_kv_write(
-            qkv.astype(BF16), cache["k"], cache["v"], pos, tables,
+            qkv, cache["k"], cache["v"], pos, tables,
             num_q_heads=c.num_attention_heads, inv_freq=None if freqs is None else freqs[0],
             rope_scaling=1.0 if freqs is None else freqs[1], interpret=env.interpret,
             **norms, **self._kv_scales(params),
