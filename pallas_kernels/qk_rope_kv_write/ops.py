@@ -22,7 +22,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels._args import check_kv_scale, check_nonempty, check_rank, resolve_interpret
-from pallas_kernels._cost import declare_fixed, nbytes
+from pallas_kernels._cost import declare_fixed
 from pallas_kernels.qk_rope_kv_write.kernel import WriteConfig, qk_rope_kv_write_kernel
 
 __all__ = ["qk_rope_kv_write", "qk_rope_kv_write_cost", "fused_write_unsupported"]

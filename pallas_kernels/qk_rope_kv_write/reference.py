@@ -63,5 +63,3 @@ def qk_rope_kv_write_reference(qkv, k_cache, v_cache, positions, block_tables, *
     kc = k_cache.reshape(flat).at[rows].set(_stored(k, k_cache.dtype, k_scale), mode="drop")
     vc = v_cache.reshape(flat).at[rows].set(_stored(v, v_cache.dtype, v_scale), mode="drop")
     return q.astype(jnp.bfloat16), kc.reshape(k_cache.shape), vc.reshape(v_cache.shape)
-
-

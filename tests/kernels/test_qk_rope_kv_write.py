@@ -223,7 +223,8 @@ def test_the_block_falls_back_where_the_kernel_cannot_serve():
     """`Attention.fused_write_unsupported`: None for Qwen3 / Llama layers with Pallas
     kernels; a reason for the XLA backend, gated attention and a head dim of 80."""
     env = lambda hd, kernels="pallas": types.SimpleNamespace(  # noqa: E731
-        kernels=kernels, config=types.SimpleNamespace(head_dim=hd))
+        kernels=kernels, config=types.SimpleNamespace(head_dim=hd)
+    )
     assert Attention(qk_norm=True).fused_write_unsupported(env(128)) is None
     assert Attention(rope_inv_freq=(1.0,) * 64).fused_write_unsupported(env(128)) is None
     assert Attention(kv_dtype="fp8").fused_write_unsupported(env(128)) is None
