@@ -58,9 +58,8 @@ CASES = {
     # 8 + 8 rotated, 16 passed) and a YaRN-like cos/sin scale.
     "llama_partial": dict(norm=False, inv=np.geomspace(1.0, 1e-3, 8).astype(np.float32),
                           scaling=0.875),
-    # FP8 cache with per-KV-head scales, the (1 + w) norms.
-    "fp8": dict(norm=True, offset=1.0, dtype=FP8,
-                inv=1e4 ** (-np.arange(0, D // 2, dtype=np.float32) * 2 / D)),
+    # FP8 cache with per-KV-head scales, the (1 + w) norms, no RoPE (Nemotron-H's form).
+    "fp8": dict(norm=True, offset=1.0, dtype=FP8, inv=None),
     # The projection as 4 float32 split-K partials (the decode step's form).
     "split": dict(norm=True, splits=4,
                   inv=1e6 ** (-np.arange(0, D // 2, dtype=np.float32) * 2 / D)),
@@ -68,8 +67,8 @@ CASES = {
 
 
 def _kwargs(case, w):
-    kw = dict(num_q_heads=HQ, eps=1e-6, inv_freq=jnp.asarray(case["inv"]),
-              rope_scaling=case.get("scaling", 1.0))  # fmt: skip
+    inv = None if case["inv"] is None else jnp.asarray(case["inv"])
+    kw = dict(num_q_heads=HQ, eps=1e-6, inv_freq=inv, rope_scaling=case.get("scaling", 1.0))
     if case["norm"]:
         kw |= dict(q_norm=w[0], k_norm=w[1], norm_offset=case.get("offset", 0.0))
     if case.get("dtype") == FP8:
