@@ -12,7 +12,8 @@ kernel folders export further helpers (e.g. `splitk_decode_attention.splitk_num_
 `ssd_state_update` (the Mamba-2 decode step) and `gdn_state_update` (the Gated DeltaNet one)
 need no workspace: their in-place operand is the caller's state cache.
 `paged_prefill_attention` (prefill and chunked prefill over the paged KV cache) needs none
-either: its arena form writes only `attn_output`. `lora_bgmv` (`lora_shrink`, `lora_expand`:
+either: its arena form writes only `attn_output`. `qk_rope_kv_write` (decode's q/k norm, RoPE
+and K/V page write in one launch) writes the caller's KV cache in place and returns q. `lora_bgmv` (`lora_shrink`, `lora_expand`:
 batched LoRA, each token with its own adapter) returns values and needs none.
 """
 
@@ -35,6 +36,7 @@ from pallas_kernels.prefill_attention import (
     paged_prefill_attention_into,
     paged_prefill_attention_reference,
 )
+from pallas_kernels.qk_rope_kv_write import qk_rope_kv_write, qk_rope_kv_write_reference
 from pallas_kernels.splitk_decode_attention import (
     paged_decode_attention_reference,
     splitk_decode_attention,
@@ -67,6 +69,8 @@ __all__ = [
     "paged_prefill_attention",
     "paged_prefill_attention_into",
     "paged_prefill_attention_reference",
+    "qk_rope_kv_write",
+    "qk_rope_kv_write_reference",
     "splitk_decode_attention",
     "splitk_decode_attention_into",
     "ssd_chunked_reference",

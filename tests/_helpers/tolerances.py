@@ -58,6 +58,19 @@ TOLERANCES: dict[tuple[str, str], dict[str, float]] = {
     # sum|terms| <= ~3 K (|x w| has mean 2/pi, a tail to ~3), so <= 2^-24 * 48 * 144 = 4e-4;
     # bound 2^-11 = 4.9e-4. Measured: <= 1.9e-6.
     ("lora", "float32"): dict(atol=2.0**-11, rtol=0.0),
+    # Fused decode write (pallas_kernels/qk_rope_kv_write) against its reference or the XLA
+    # path: the same bf16 inputs (exact in f32), f32 arithmetic in another form (the reference
+    # divides by sqrt(mean + eps) where the kernel multiplies by rsqrt; sums of squares in
+    # another order: <= D u relative, u = 2^-24, D <= 128: 2^-17), so the f32 values agree to
+    # ~2^-17 relative (rope's two products add at most 2 u |n| more); each side then rounds to
+    # bf16 once, and two f32 values that close round to the same bf16 value or to neighbours:
+    # one bf16 ulp, <= 2^-7 |y| (8 significand bits). Where rope's difference cancels to a
+    # small y the f32 gap is absolute, <= 2^-21 max|n| ~ 5e-6 at the tests' |n| <= 10: atol
+    # 2^-16. Measured on CPU (interpret): bit-equal to both in every test case.
+    ("qk_rope", "bfloat16"): dict(atol=2.0**-16, rtol=2.0**-7),
+    # The same f32 values quantized to e4m3 (FP8 cache: 3 significand bits): one e4m3 ulp,
+    # <= 2^-3 |y|; near 0 the subnormal step 2^-9. Measured on CPU: bit-equal.
+    ("qk_rope", "float8_e4m3fn"): dict(atol=2.0**-9, rtol=2.0**-3),
     # Reference models (end to end): f32 logits through a few layers.
     ("model", "float32"): dict(atol=1e-4, rtol=1e-4),
     # Reference models storing activations in bf16 buffers, arena vs plain (tiny-hybrid, 6

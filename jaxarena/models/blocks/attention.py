@@ -5,7 +5,10 @@ runs the paged prefill Pallas kernel (causal flash attention over the cache, so 
 long prompt sees the earlier chunks), decode the split-K Pallas kernel (partials in
 `splitk_workspace`); both read bf16 queries and the cache, and both outputs are values the
 o_proj GEMM reads (XLA cannot give a GEMM an arena region in place: it would copy it out).
-Arena regions: `splitk_workspace` (decode), the FP8 activation buffers.
+Arena regions: `splitk_workspace` (decode), the FP8 activation buffers. In decode with
+Pallas kernels, the q/k norms, RoPE and the K/V page write are one kernel
+(`pallas_kernels.qk_rope_kv_write`, see `Attention.fused_write_unsupported` for what stays
+on the XLA path).
 
 FP8 KV cache (`kv_dtype="fp8"`, vLLM's `kv_cache_dtype="fp8"`): the pages are
 `float8_e4m3fn`, with one f32 scale per layer for K and one for V (the checkpoint's
@@ -32,7 +35,8 @@ from jaxarena.models.core.arena import BF16, F32, linear, stored
 from jaxarena.models.core.kernels import paged_prefill_attention, splitk_decode_attention_value
 from jaxarena.models.core.lora import lora_add, lora_tables
 from jaxarena.models.core.norms import rms_norm
-from jaxarena.models.core.rope import rope, rope_table
+from jaxarena.models.core.rope import rope, rope_frequencies, rope_table
+from pallas_kernels.qk_rope_kv_write import fused_write_unsupported, qk_rope_kv_write
 
 __all__ = ["Attention", "KV_DTYPES", "E4M3_MAX"]
 
@@ -40,6 +44,12 @@ KV_DTYPES = {"bf16": BF16, "fp8": jnp.float8_e4m3fn}
 """The KV cache dtypes by name (the names of `jaxarena budget --kv-dtype`)."""
 E4M3_MAX = 448.0
 """The largest finite `float8_e4m3fn` value: quantized keys and values saturate there."""
+QKV_SPLITS = 4
+"""Split-K partials of decode's QKV projection that the fused write sums (what XLA's GEMM
+heuristic picks for Qwen3-8B / Llama-3.1-8B widths at batch 8 and 64 on an H200: 4)."""
+QKV_SPLIT_MAX_TOKENS = 64
+"""Decode batches up to this many tokens get the split-K projection; larger ones the plain
+GEMM (the f32 partials cost 4 x 4 bytes per output value)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -179,9 +189,10 @@ class Attention(Block):
         dtype = KV_DTYPES[self.kv_dtype]
         return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
 
-    def _qkv(self, env: Env, p, arena, ctx: StepContext):
-        """QKV projection (an XLA value, rounded as `qkv_output` would store it); returns
-        `(arena, q, k, v, gate)` with the q/k norms and RoPE."""
+    def _project(self, env: Env, p, arena, ctx: StepContext):
+        """QKV projection (an XLA value, rounded as `qkv_output` would store it, the bias and
+        the LoRA deltas added); returns `(arena, qkv float32[T, (qw + 2 Hkv) D], qw)`, `qw` the
+        q projection's heads (twice `Hq` when `gated`)."""
         c, t = env.config, ctx.num_tokens
         hq, hkv, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         arena, qkv = linear(env.plan, arena, ctx.x, (t, c.hidden_size), p["wqkv"],
@@ -197,6 +208,14 @@ class Attention(Block):
                     tabs.get("v_proj", hkv * hd)]  # fmt: skip
             arena, (qkv,) = lora_add(env.plan, arena, (qkv,), ctx.x, [cols], ctx.lora_slots,
                                      interpret=env.interpret)  # fmt: skip
+        return arena, qkv, qw
+
+    def _qkv(self, env: Env, p, arena, ctx: StepContext):
+        """QKV projection (`_project`); returns `(arena, q, k, v, gate)` with the q/k norms
+        and RoPE."""
+        c, t = env.config, ctx.num_tokens
+        hq, hkv, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        arena, qkv, qw = self._project(env, p, arena, ctx)
         qh = qkv[:, : qw * hd].reshape(t, hq, -1)
         q = qh[..., :hd]
         # Gated attention: each head's q projection is `[q_h | gate_h]`.
@@ -310,13 +329,101 @@ class Attention(Block):
         arena, out = self._out(env, params, arena, ctx.num_tokens, o, gate, ctx.lora_slots)
         return arena, cache, out
 
+    def rope_frequencies(self, head_dim: int) -> tuple[Any, float] | None:
+        """`(float32[R / 2] inverse frequencies, cos/sin scale)` of this layer's RoPE (the
+        table `rope` / `rope_table` use), None without RoPE."""
+        if not self.rope:
+            return None
+        if self.rope_inv_freq is not None:
+            return jnp.asarray(self.rope_inv_freq, F32), self.rope_scaling
+        d = self.rotary_dim if self.rotary_dim and self.rotary_dim < head_dim else head_dim
+        return rope_frequencies(self.rope_theta, d), 1.0
+
+    def fused_write_unsupported(self, env: Env) -> str | None:
+        """Why decode keeps the XLA q/k norm + RoPE + K/V scatter (None: one
+        `pallas_kernels.qk_rope_kv_write` launch does it). The kernel serves decode with
+        `kernels="pallas"`, with or without q/k norms and RoPE (theta, a frequency table,
+        partial rotary), bf16 or FP8 caches. Not served:
+
+        - `kernels="xla"` (the CPU backend's plain path) and prefill (its T rows are one
+          normalisation pass and one scatter each already; the launches issue 39 counts are
+          decode's);
+        - `gated` (the q projection interleaves the gate heads: `[q_h | gate_h]`);
+        - a head dim that is not a power of two, or a rotated width whose half is not
+          (Triton tiles; `pallas_kernels.qk_rope_kv_write.fused_write_unsupported`)."""
+        if env.kernels != "pallas":
+            return f"kernels={env.kernels!r}"
+        if self.gated:
+            return "gated attention (q interleaved with the gate heads)"
+        hd = env.config.head_dim
+        freqs = self.rope_frequencies(hd)
+        rotary = 0 if freqs is None else 2 * int(freqs[0].shape[0])
+        return fused_write_unsupported(hd, rotary, KV_DTYPES[self.kv_dtype])
+
+    def _qkv_splits(self, params, ctx: StepContext) -> int:
+        """Split-K partials the fused decode write sums (1: none, the projection from
+        `linear`): `QKV_SPLITS` for a plain bf16 `wqkv` without a bias or LoRA at up to
+        `QKV_SPLIT_MAX_TOKENS` tokens whose hidden size splits into parts of >= 512."""
+        w = params["wqkv"]
+        if (self.qkv_bias or lora_tables(params, ctx.lora_slots) is not None
+                or isinstance(w, tuple | list) or not hasattr(w, "dtype") or w.dtype != BF16
+                or w.ndim != 2 or ctx.num_tokens > QKV_SPLIT_MAX_TOKENS):  # fmt: skip
+            return 1
+        h = w.shape[0]
+        return QKV_SPLITS if h % QKV_SPLITS == 0 and h // QKV_SPLITS >= 512 else 1
+
+    def _fused_decode_qkv(self, env: Env, params, arena, cache, ctx: StepContext):
+        """Decode's projection, then `qk_rope_kv_write`: the normed, rotated bf16 q and the
+        caches with the new K/V rows, in one launch (`fused_write_unsupported` is None). The
+        same operations in the same order as `_qkv` + `_append_kv` (module docstring of the
+        kernel: bit-equal up to the sum-of-squares order). Returns `(arena, q, cache)`."""
+        c = env.config
+        splits = self._qkv_splits(params, ctx)
+        if splits > 1:
+            # The projection as `splits` float32 partials over the hidden axis, their sum the
+            # kernel's: XLA splits this GEMM (split-K) at decode's few rows anyway, and a
+            # custom call cannot absorb the split-K reduction as the XLA passes it replaces
+            # did (measured: a launch of its own, 14 per Qwen3-8B layer instead of 13).
+            x = ctx.x.astype(BF16)  # bf16 values already (`stored`)
+            t, h = x.shape
+            w = params["wqkv"]
+            qkv = jnp.einsum("tsk,skn->stn", x.reshape(t, splits, h // splits),
+                             w.reshape(splits, h // splits, w.shape[-1]),
+                             preferred_element_type=F32)  # fmt: skip
+        else:
+            arena, qkv, _ = self._project(env, params, arena, ctx)
+            qkv = qkv.astype(BF16)  # exact: `stored` values
+        freqs = self.rope_frequencies(c.head_dim)
+        norms = {}
+        if self.qk_norm:
+            norms = dict(q_norm=params["q_norm"], k_norm=params["k_norm"], eps=self.rms_eps,
+                         norm_offset=self.norm_offset)  # fmt: skip
+        pos = ctx.positions.astype(jnp.int32)
+        tables = ctx.block_tables.astype(jnp.int32)
+        q, k, v = qk_rope_kv_write(
+            qkv, cache["k"], cache["v"], pos, tables,
+            num_q_heads=c.num_attention_heads, inv_freq=None if freqs is None else freqs[0],
+            rope_scaling=1.0 if freqs is None else freqs[1], interpret=env.interpret,
+            **norms, **self._kv_scales(params),
+        )  # fmt: skip
+        return arena, q, {"k": k, "v": v}
+
     def decode(self, env: Env, params, arena, cache, ctx: StepContext):
         """Appends the new K/V; split-K decode attention (partials in `splitk_workspace`,
         the output a value, as in prefill: read from `attn_output`, XLA copied it out for the
         GEMM, a launch per layer, and the barrier tying that read to the arena kept the
-        o_proj's split-K reduction out of the next norm's fusion, another); `o_proj`."""
-        arena, q, k, v, gate = self._qkv(env, params, arena, ctx)
-        cache = self._append_kv(env, cache, k, v, ctx, params)
+        o_proj's split-K reduction out of the next norm's fusion, another); `o_proj`.
+
+        With Pallas kernels the q/k norms, RoPE and the K/V write are one launch
+        (`_fused_decode_qkv`, `pallas_kernels.qk_rope_kv_write`) where
+        `fused_write_unsupported` allows: 13 launches per Qwen3-8B / Llama-3.1-8B layer at
+        batch 8 and 64 (H200, deviceless; 16 / 16 and 15 before)."""
+        if self.fused_write_unsupported(env) is None:
+            gate = None  # gated attention is not fused
+            arena, q, cache = self._fused_decode_qkv(env, params, arena, cache, ctx)
+        else:
+            arena, q, k, v, gate = self._qkv(env, params, arena, ctx)
+            cache = self._append_kv(env, cache, k, v, ctx, params)
         arena, o = splitk_decode_attention_value(
             arena, env.plan, q.astype(BF16), cache["k"], cache["v"], ctx.block_tables,
             ctx.seq_lens, levers=env.levers, target=env.target, interpret=env.interpret,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-__all__ = ["rope", "rope_table"]
+__all__ = ["rope", "rope_frequencies", "rope_table"]
 
 
 def rope(x: jax.Array, positions: jax.Array, theta: float, rotary_dim: int = 0) -> jax.Array:
@@ -16,11 +16,17 @@ def rope(x: jax.Array, positions: jax.Array, theta: float, rotary_dim: int = 0) 
         rot = rope(x[..., :rotary_dim], positions, theta)
         return jnp.concatenate([rot, x[..., rotary_dim:]], -1)
     d = x.shape[-1]
-    inv = theta ** (-jnp.arange(0, d // 2, dtype=jnp.float32) * 2 / d)
+    inv = rope_frequencies(theta, d)
     ang = positions.astype(jnp.float32)[:, None] * inv[None, :]
     cos, sin = jnp.cos(ang)[:, None, :], jnp.sin(ang)[:, None, :]
     x1, x2 = x[..., : d // 2], x[..., d // 2 :]
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
+
+
+def rope_frequencies(theta: float, d: int) -> jax.Array:
+    """`float32[d / 2]` inverse frequencies `theta^(-2i/d)` of `rope` over `d` rotated
+    channels (the fused decode write takes the same table, so the same numbers)."""
+    return theta ** (-jnp.arange(0, d // 2, dtype=jnp.float32) * 2 / d)
 
 
 def rope_table(x: jax.Array, positions: jax.Array, inv_freq: tuple[float, ...],
