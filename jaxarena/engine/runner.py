@@ -163,6 +163,9 @@ class Runner:
         self._exe: dict[str, Any] = {}
         self._reset = jax.jit(reset_row, donate_argnums=(0,))
         self.runs: dict[str, int] = {}
+        # Across processes, the leader's channel to the followers (jaxarena.engine.multiprocess):
+        # every device operation is sent down it before it runs. None: one process.
+        self.channel: Any = None
 
     # -- compiling ------------------------------------------------------------------------------
 
@@ -207,6 +210,8 @@ class Runner:
     # -- running --------------------------------------------------------------------------------
 
     def _call(self, name: str, *inputs: Any) -> StepOutput:
+        if self.channel is not None:
+            self.channel.send(("_call", name, *inputs))
         lm = self.lm
         out = self._exe[name](lm.params, lm.arena, lm.caches, self.pen, *inputs)
         lm.arena, lm.caches, self.pen = out[0], out[1], out[2]
@@ -245,15 +250,18 @@ class Runner:
     def load_adapter(self, slot: int, adapter: Any) -> None:
         """Writes an adapter (`jaxarena.models.lora.read_adapter`'s tables; None: empty) into
         LoRA slot `slot` of the model's parameters: one jitted update, no recompile."""
+        if self.channel is not None:
+            self.channel.send(("load_adapter", slot, adapter))
         lm = self.lm
         lm.params = set_slot(lm.params, lm.lora, slot, adapter)
 
     def reset_slot(self, slot: int, prompt_ids: list[int], output_ids: list[int]) -> None:
         """Sets slot `slot`'s penalty rows to a request's prompt tokens and output counts (a
         request entering the slot, or resuming after preemption)."""
+        if self.channel is not None:
+            self.channel.send(("reset_slot", slot, list(prompt_ids), list(output_ids)))
         vocab = self.model.vocab_size
         mask = np.zeros(vocab, np.bool_)
         mask[np.asarray(prompt_ids, np.int64)] = True
         counts = np.bincount(np.asarray(output_ids, np.int64), minlength=vocab).astype(np.int32)
-        self.pen = self._reset(self.pen, jnp.int32(slot), mask, counts)
-
+        self.pen = self._reset(self.pen, np.int32(slot), mask, counts)
