@@ -34,9 +34,10 @@ One process (no `jax.distributed`): the engine has no channel and nothing here r
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 __all__ = [
@@ -47,6 +48,7 @@ __all__ = [
     "KVChannel",
     "check_processes",
     "follow",
+    "same_program",
 ]
 
 STOP = "stop"
@@ -144,6 +146,34 @@ class KVChannel:
         if self._client.key_value_increment(counter, 1) == self.num_followers:
             self._client.key_value_delete(f"{self.prefix}/{block}")
             self._client.key_value_delete(counter)
+
+
+@contextlib.contextmanager
+def same_program(mesh: Any) -> Iterator[None]:
+    """Lower an executable of a `mesh` that spans processes inside this, so that every process
+    gets the same program: the source locations in it then name only the innermost frame
+    (jaxarena's own code), not the whole call stack (`jax_include_full_tracebacks_in_locations`),
+    which differs between the leader (the engine) and a follower (`follow`). On JAX 0.12 a
+    difference there is enough to keep the processes' collectives from meeting: the step
+    hangs. Does nothing for a mesh within one process (or None)."""
+    if mesh is None or all(d.process_index == mesh.devices.flat[0].process_index
+                           for d in mesh.devices.flat):  # fmt: skip
+        yield
+        return
+    try:
+        from jax._src.config import include_full_tracebacks_in_locations as full
+    except ImportError:  # the private switch moved: the public one, restored after
+        import jax
+
+        before = jax.config.jax_include_full_tracebacks_in_locations
+        jax.config.update("jax_include_full_tracebacks_in_locations", False)
+        try:
+            yield
+        finally:
+            jax.config.update("jax_include_full_tracebacks_in_locations", before)
+        return
+    with full(False):
+        yield
 
 
 def check_processes(tp: int) -> str | None:

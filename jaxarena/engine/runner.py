@@ -39,6 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxarena.engine.multiprocess import same_program
 from jaxarena.engine.sampling import (
     PenaltyState,
     SlotParams,
@@ -113,11 +114,20 @@ def abstract_inputs(model: Any, name: str) -> tuple[Any, ...]:
     return out + ((sds((s,), i32),) if lora else ())
 
 
-def penalty_state(model: Any) -> PenaltyState:
-    """The sampler's zeroed penalty state for `model`'s slots (`[max_batch_size, vocab]`)."""
+def penalty_state(model: Any, mesh: Any = None) -> PenaltyState:
+    """The sampler's zeroed penalty state for `model`'s slots (`[max_batch_size, vocab]`); with
+    a tensor-parallel `mesh`, replicated on its devices (each allocating its own copy, so no
+    process sends another a value when the mesh spans processes)."""
     r, vocab = model.max_batch_size, model.vocab_size
-    return PenaltyState(prompt_mask=jnp.zeros((r, vocab), jnp.bool_),
-                        output_counts=jnp.zeros((r, vocab), jnp.int32))  # fmt: skip
+
+    def zeros() -> PenaltyState:
+        return PenaltyState(prompt_mask=jnp.zeros((r, vocab), jnp.bool_),
+                            output_counts=jnp.zeros((r, vocab), jnp.int32))  # fmt: skip
+
+    if mesh is None:
+        return zeros()
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    return jax.jit(zeros, out_shardings=replicated)()
 
 
 class StepOutput:
@@ -156,7 +166,7 @@ class Runner:
         self.pages_per_seq = int(lm.block_tables.shape[1])
         self.token_buckets = tuple(token_buckets)
         self.log = log
-        self.pen = penalty_state(m)
+        self.pen = penalty_state(m, getattr(lm, "mesh", None))
         self.lora = lm.lora is not None
         self.compile_seconds: dict[str, float] = {}
         self.counters: dict[str, Any] = {}
@@ -174,9 +184,9 @@ class Runner:
         counter = count_traces(fn)
         jitted = jax.jit(counter, donate_argnums=(1, 2, 3))
         lm = self.lm
-        compiled = jitted.lower(lm.params, lm.arena, lm.caches, self.pen, *inputs).compile(
-            compiler_options=lm.compiler_options
-        )
+        with same_program(lm.mesh):  # across processes: one program in all of them
+            lowered = jitted.lower(lm.params, lm.arena, lm.caches, self.pen, *inputs)
+        compiled = lowered.compile(compiler_options=lm.compiler_options)
         self._exe[name] = compiled
         self.counters[name] = counter
         self.compile_seconds[name] = time.perf_counter() - t0
