@@ -131,7 +131,6 @@ def _serve(args: argparse.Namespace, error: type[Exception], log: Callable[[str]
         sock = bind(args.host, args.port)
     except OSError as e:
         raise error(str(e)) from None
-    engine = None
     try:
         host, port = sock.getsockname()[:2]
         log(f"jaxarena serve: tokenizer read, {_url_host(host)}:{port} reserved; "
@@ -160,8 +159,6 @@ def _serve(args: argparse.Namespace, error: type[Exception], log: Callable[[str]
             raise error("the server did not start (see the lines above)")
     finally:
         sock.close()
-        if engine is not None:  # across processes: the followers stop (once no step runs)
-            engine.engine.close()
     log("jaxarena serve: stopped")
     return 0
 
@@ -190,7 +187,17 @@ def _serve_in_process(info: Any, args: argparse.Namespace, error: type[Exception
     me = info.process_id
     try:
         if me == 0:
-            return _serve(args, error, log, engine_factory)
+            loaded = []
+
+            def factory(*a: Any) -> Any:
+                loaded.append((engine_factory or load_engine)(*a))
+                return loaded[-1]
+
+            try:
+                return _serve(args, error, log, factory)
+            finally:  # the followers stop (no step runs any more: the engine thread ended)
+                for async_engine in loaded:
+                    async_engine.engine.close()
         from jaxarena import parse_memory
 
         try:
