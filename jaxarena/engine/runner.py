@@ -116,8 +116,9 @@ def abstract_inputs(model: Any, name: str) -> tuple[Any, ...]:
 
 def penalty_state(model: Any, mesh: Any = None) -> PenaltyState:
     """The sampler's zeroed penalty state for `model`'s slots (`[max_batch_size, vocab]`); with
-    a tensor-parallel `mesh`, replicated on its devices (each allocating its own copy, so no
-    process sends another a value when the mesh spans processes)."""
+    a tensor-parallel `mesh`, made replicated on its devices as the executables take it (each
+    device, in whichever process, allocating its own copy) rather than moved there by the
+    first step."""
     r, vocab = model.max_batch_size, model.vocab_size
 
     def zeros() -> PenaltyState:

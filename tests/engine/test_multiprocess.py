@@ -217,3 +217,22 @@ def test_a_failed_follower_prints_one_line_and_exits(monkeypatch, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["jaxarena serve: process 1: operation 7 (_call 'decode') failed: "
                    "RuntimeError: lost"]  # fmt: skip
+
+
+def test_same_program_names_one_frame_only_when_the_mesh_spans_processes():
+    import jax
+
+    def mesh(*processes):
+        devices = np.array([types.SimpleNamespace(process_index=p) for p in processes])
+        return types.SimpleNamespace(devices=devices)
+
+    def full() -> bool:
+        return jax.config.jax_include_full_tracebacks_in_locations
+
+    before = full()
+    for local in (None, mesh(0, 0, 0, 0), mesh(1, 1)):
+        with mp.same_program(local):
+            assert full() == before
+    with mp.same_program(mesh(0, 0, 1, 1)):
+        assert full() is False
+    assert full() == before
