@@ -40,6 +40,7 @@ from jaxarena import ModelConfig, Target
 from jaxarena._sizing.kv_pool import KVPool, slot_bytes
 from jaxarena.engine.adapters import AdapterSlots
 from jaxarena.engine.loading import eos_ids, less_lora_tables, max_positions, read_json, size_pool
+from jaxarena.engine.multiprocess import KVChannel, check_processes, follow
 from jaxarena.engine.pages import BlockManager
 from jaxarena.engine.runner import Runner
 from jaxarena.engine.sampling import slot_params
@@ -117,6 +118,8 @@ class Engine:
         self._next_id = 0
         self._rng = secrets.SystemRandom()
         self.stats_steps = {"decode": 0, "mixed": 0}
+        self.role: str | None = None  # across processes: "leader" or "follower"
+        self._closed = False
 
     # -- building -------------------------------------------------------------------------------
 
@@ -176,12 +179,15 @@ class Engine:
             without `loras` or a rank.
           tp, ep: tensor parallelism over the first `tp` devices, experts split whole over them
             with `ep == tp` (`load_pretrained(mesh=tp, ep=ep)`); the pool is sized per device
-            (`budget --tp N --ep M`).
+            (`budget --tp N --ep M`). Across JAX processes (`jax.distributed`) the devices are
+            `jax.devices()` of them all: call this in every process alike; process 0 (the
+            leader) steps, the others `follow()` (`jaxarena.engine.multiprocess`).
           load_options: more `load_pretrained` arguments (`interpret`, `scan_layers`, ...).
 
         Raises:
           ValueError: limits or a pool that do not fit (the message gives the arithmetic);
-            `tp` not a positive int or `ep` other than 1 and `tp`.
+            `tp` not a positive int or `ep` other than 1 and `tp`; across processes, a `tp`
+            that leaves a process without devices.
           CheckpointError, ConfigError, NotImplementedError: as `load_pretrained`.
         """
         from jaxarena.models import load_pretrained
@@ -192,6 +198,7 @@ class Engine:
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name}={v!r} must be an int >= 1")
         check_degrees(tp, ep)  # before anything is sized or read
+        role = check_processes(tp)  # None in one process; else "leader" or "follower"
         if kv_block_size & (kv_block_size - 1):
             raise ValueError(f"kv_block_size={kv_block_size} must be a power of two (the split-K "
                              "decode kernel tiles a page in powers of two)")  # fmt: skip
@@ -253,9 +260,12 @@ class Engine:
             raise ValueError(f"token_buckets={list(token_buckets)} must be >= 1 and end at "
                              f"max_batch_tokens={max_batch_tokens}")  # fmt: skip
         runner = Runner(lm, token_buckets=buckets, log=log)
+        if role == "leader":
+            runner.channel = KVChannel()
         engine = cls(runner, pool, eos_token_ids=eos_ids(root, raw),
                      prefix_caching=prefix_caching, model_type=lm.model_type, path=str(path),
                      max_position_embeddings=max_positions(raw), log=log)  # fmt: skip
+        engine.role = role
         for name, adapter_path in loras.items():
             engine.add_lora(name, adapter_path)
         if warm_up:
@@ -265,6 +275,29 @@ class Engine:
     def warm_up(self) -> None:
         """Compiles every executable (done by `from_pretrained` unless `warm_up=False`)."""
         self.runner.warm_up()
+
+    # -- across processes (jaxarena.engine.multiprocess) ----------------------------------------
+
+    def follow(self, log: Callable[[str], None] | None = None) -> int:
+        """On a follower (a process other than 0 of a multi-process engine): runs the
+        leader's device operations until the leader's `close()`; returns how many.
+
+        Raises:
+          RuntimeError: this engine is not a follower.
+          FollowerError: an operation failed (named in the message).
+        """
+        if self.role != "follower":
+            raise RuntimeError(f"Engine.follow() runs on processes other than 0 of a "
+                               f"multi-process engine; this one's role is {self.role!r}")  # fmt: skip
+        return follow(self.runner, KVChannel(), log)
+
+    def close(self) -> None:
+        """Across processes, on the leader: tells the followers to stop (their `follow()`
+        returns); no step may run afterwards. Idempotent; does nothing in one process."""
+        channel, self.runner.channel = self.runner.channel, None
+        if channel is not None:
+            channel.send(("stop",))
+            self._closed = True
 
     # -- requests -------------------------------------------------------------------------------
 
@@ -372,6 +405,9 @@ class Engine:
 
     def step(self) -> list[TokenEvent]:
         """Runs one engine step; returns the events of this step (new tokens, ends, aborts)."""
+        if self.role == "follower" or self._closed:
+            raise RuntimeError(f"Engine.step() on a {'closed' if self._closed else 'follower'} "
+                               "engine: only process 0's engine steps, until its close()")  # fmt: skip
         events, self._events = self._events, []
         plan = self.scheduler.schedule()
         if not plan.items:

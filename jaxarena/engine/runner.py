@@ -39,6 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxarena.engine.multiprocess import same_program
 from jaxarena.engine.sampling import (
     PenaltyState,
     SlotParams,
@@ -113,11 +114,21 @@ def abstract_inputs(model: Any, name: str) -> tuple[Any, ...]:
     return out + ((sds((s,), i32),) if lora else ())
 
 
-def penalty_state(model: Any) -> PenaltyState:
-    """The sampler's zeroed penalty state for `model`'s slots (`[max_batch_size, vocab]`)."""
+def penalty_state(model: Any, mesh: Any = None) -> PenaltyState:
+    """The sampler's zeroed penalty state for `model`'s slots (`[max_batch_size, vocab]`); with
+    a tensor-parallel `mesh`, made replicated on its devices as the executables take it (each
+    device, in whichever process, allocating its own copy) rather than moved there by the
+    first step."""
     r, vocab = model.max_batch_size, model.vocab_size
-    return PenaltyState(prompt_mask=jnp.zeros((r, vocab), jnp.bool_),
-                        output_counts=jnp.zeros((r, vocab), jnp.int32))  # fmt: skip
+
+    def zeros() -> PenaltyState:
+        return PenaltyState(prompt_mask=jnp.zeros((r, vocab), jnp.bool_),
+                            output_counts=jnp.zeros((r, vocab), jnp.int32))  # fmt: skip
+
+    if mesh is None:
+        return zeros()
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    return jax.jit(zeros, out_shardings=replicated)()
 
 
 class StepOutput:
@@ -156,13 +167,16 @@ class Runner:
         self.pages_per_seq = int(lm.block_tables.shape[1])
         self.token_buckets = tuple(token_buckets)
         self.log = log
-        self.pen = penalty_state(m)
+        self.pen = penalty_state(m, getattr(lm, "mesh", None))
         self.lora = lm.lora is not None
         self.compile_seconds: dict[str, float] = {}
         self.counters: dict[str, Any] = {}
         self._exe: dict[str, Any] = {}
         self._reset = jax.jit(reset_row, donate_argnums=(0,))
         self.runs: dict[str, int] = {}
+        # Across processes, the leader's channel to the followers (jaxarena.engine.multiprocess):
+        # every device operation is sent down it before it runs. None: one process.
+        self.channel: Any = None
 
     # -- compiling ------------------------------------------------------------------------------
 
@@ -171,9 +185,9 @@ class Runner:
         counter = count_traces(fn)
         jitted = jax.jit(counter, donate_argnums=(1, 2, 3))
         lm = self.lm
-        compiled = jitted.lower(lm.params, lm.arena, lm.caches, self.pen, *inputs).compile(
-            compiler_options=lm.compiler_options
-        )
+        with same_program(lm.mesh):  # across processes: one program in all of them
+            lowered = jitted.lower(lm.params, lm.arena, lm.caches, self.pen, *inputs)
+        compiled = lowered.compile(compiler_options=lm.compiler_options)
         self._exe[name] = compiled
         self.counters[name] = counter
         self.compile_seconds[name] = time.perf_counter() - t0
@@ -207,6 +221,8 @@ class Runner:
     # -- running --------------------------------------------------------------------------------
 
     def _call(self, name: str, *inputs: Any) -> StepOutput:
+        if self.channel is not None:
+            self.channel.send(("_call", name, *inputs))
         lm = self.lm
         out = self._exe[name](lm.params, lm.arena, lm.caches, self.pen, *inputs)
         lm.arena, lm.caches, self.pen = out[0], out[1], out[2]
@@ -245,15 +261,18 @@ class Runner:
     def load_adapter(self, slot: int, adapter: Any) -> None:
         """Writes an adapter (`jaxarena.models.lora.read_adapter`'s tables; None: empty) into
         LoRA slot `slot` of the model's parameters: one jitted update, no recompile."""
+        if self.channel is not None:
+            self.channel.send(("load_adapter", slot, adapter))
         lm = self.lm
         lm.params = set_slot(lm.params, lm.lora, slot, adapter)
 
     def reset_slot(self, slot: int, prompt_ids: list[int], output_ids: list[int]) -> None:
         """Sets slot `slot`'s penalty rows to a request's prompt tokens and output counts (a
         request entering the slot, or resuming after preemption)."""
+        if self.channel is not None:
+            self.channel.send(("reset_slot", slot, list(prompt_ids), list(output_ids)))
         vocab = self.model.vocab_size
         mask = np.zeros(vocab, np.bool_)
         mask[np.asarray(prompt_ids, np.int64)] = True
         counts = np.bincount(np.asarray(output_ids, np.int64), minlength=vocab).astype(np.int32)
-        self.pen = self._reset(self.pen, jnp.int32(slot), mask, counts)
-
+        self.pen = self._reset(self.pen, np.int32(slot), mask, counts)

@@ -1,11 +1,17 @@
 """Running the app: `serve` (what `jaxarena serve` runs: bind first, load and compile, print
 the address, serve until SIGTERM / Ctrl-C, drain, exit 0) and `start_in_thread` (an in-process
 server on loopback for tests and benchmarks).
+
+Across JAX processes (started by `python -m jaxarena.launch ... -- jaxarena serve ...`, or on
+several hosts with the launcher's `JAXARENA_*` variables set by hand) every process loads the
+engine over the devices of them all; process 0 binds the port and serves, the others follow
+its device operations (`jaxarena.engine.multiprocess`) until its drain ends them.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 import sys
 import threading
@@ -97,7 +103,20 @@ def serve(args: argparse.Namespace, error: type[Exception] = RuntimeError,
     reads the tokenizer, loads the checkpoint and compiles the engine (progress lines via
     `log`), serves until SIGTERM or Ctrl-C, then stops admitting, lets running requests
     finish (at most `DRAIN_SECONDS`) and returns 0. A failure to start raises `error` with
-    one line. `engine_factory(args, memory, log)` replaces `load_engine` (tests)."""
+    one line. `engine_factory(args, memory, log)` replaces `load_engine` (tests).
+
+    Under `jaxarena.launch` (or its variables set on each host) it first joins the other
+    processes (`jaxarena.launch.initialize`); process 0 then serves as above, the others load
+    the same engine and follow process 0's device operations until its drain, then return
+    0. There a failure prints one line and ends the process (status 2, or 1 for a bug)."""
+    launched = _join_processes(error, log)
+    if launched is None:
+        return _serve(args, error, log, engine_factory)
+    return _serve_in_process(launched, args, error, log, engine_factory)
+
+
+def _serve(args: argparse.Namespace, error: type[Exception], log: Callable[[str], None],
+           engine_factory: Callable | None) -> int:  # fmt: skip
     from jaxarena import parse_memory
 
     try:
@@ -142,6 +161,58 @@ def serve(args: argparse.Namespace, error: type[Exception] = RuntimeError,
         sock.close()
     log("jaxarena serve: stopped")
     return 0
+
+
+def _join_processes(error: type[Exception], log: Callable[[str], None]) -> Any:
+    """Under `jaxarena.launch` (its variables set): joins the launch (`jax.distributed`) and
+    returns its `LaunchInfo`; else None."""
+    from jaxarena import launch
+
+    try:
+        info = launch.launch_info()
+    except ValueError as e:
+        raise error(str(e)) from None
+    if info is not None:
+        launch.initialize()
+        log(f"jaxarena serve: process {info.process_id} of {info.num_processes} "
+            f"(pid {os.getpid()}), {info.devices_per_process} devices")  # fmt: skip
+    return info
+
+
+def _serve_in_process(info: Any, args: argparse.Namespace, error: type[Exception],
+                      log: Callable[[str], None], engine_factory: Callable | None) -> int:  # fmt: skip
+    """`serve` in one process of several: process 0 serves, the others follow. A failure
+    prints one line and ends the process at once (`os._exit`): a normal exit would wait for
+    the other processes in JAX's distributed shutdown."""
+    me = info.process_id
+    try:
+        if me == 0:
+            loaded = []
+
+            def factory(*a: Any) -> Any:
+                loaded.append((engine_factory or load_engine)(*a))
+                return loaded[-1]
+
+            try:
+                return _serve(args, error, log, factory)
+            finally:  # the followers stop (no step runs any more: the engine thread ended)
+                for async_engine in loaded:
+                    async_engine.engine.close()
+        from jaxarena import parse_memory
+
+        try:
+            memory = parse_memory(args.memory) if args.memory else None
+            engine = (engine_factory or load_engine)(args, memory, log).engine
+        except ValueError as e:
+            raise error(f"cannot start: {e}") from None
+        log(f"jaxarena serve: process {me} follows process 0")
+        engine.follow(log=lambda msg: log(f"jaxarena serve: process {me} {msg}"))
+        log(f"jaxarena serve: process {me} stopped")
+        return 0
+    except Exception as e:  # noqa: BLE001 - any failure: one line, then out
+        print(f"jaxarena serve: process {me}: {e}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(2 if isinstance(e, error) else 1)
 
 
 def _url_host(host: str) -> str:
