@@ -233,7 +233,10 @@ def _moe(model: ArenaLM, b: MoE, p, x):
         out = out.astype(BF16) @ p["w_lat_out"]
     if b.shared:
         if b.act == "swiglu":
-            h = jax.nn.silu(x @ p["s_gate"]) * (x @ p["s_up"])
+            # The model's joined shared gate|up weight (`MoE.read_params`): one GEMM.
+            gu = x @ p["s_gate_up"]
+            half = gu.shape[-1] // 2
+            h = jax.nn.silu(gu[:, :half]) * gu[:, half:]
         else:
             h = jnp.square(jax.nn.relu(x @ p["s_up"]))
         y = h @ p["s_down"]

@@ -92,7 +92,7 @@ def test_fp8_deepseek_keeps_fp8_weights_and_a_bf16_kv_b(runs):
     blocks, layers = lm.model.arch.blocks, lm.params["layers"]
     assert [b.kind for b in blocks] == ["mla", "mlp", "mla", "moe"]
     fp8_keys = {"mla": ("wq_a", "wq_b", "wkv_a", "wo"), "mlp": ("w_gate_up", "w_down"),
-                "moe": ("w_gate_up", "w_down", "s_gate", "s_up", "s_down")}  # fmt: skip
+                "moe": ("w_gate_up", "w_down", "s_gate_up", "s_down")}  # fmt: skip
     for b, p in zip(blocks, layers, strict=True):
         for key in fp8_keys[b.kind]:
             w = p[key]

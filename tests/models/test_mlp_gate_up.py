@@ -1,10 +1,12 @@
 """The gated MLP's gate and up projections are ONE weight, `w_gate_up` (issue 39: one GEMM
-for both, a decode launch fewer per layer): its output columns are the checkpoint's
-`gate_proj` then `up_proj`, bit for bit, for bf16 weights and for FP8 ones (the e4m3 rows
-and the 128 x 128 block scales stacked), on one device and on each device of a
-tensor-parallel split (each device's gate slice then its up slice). Where the two cannot be
-one weight (`fuse_outputs`: FP8 with an output width off the 128 block, FP8 next to float)
-they stay the pair `linear` runs as two GEMMs. Host reads only: nothing is compiled.
+for both, a decode launch fewer per layer), and so are a MoE block's shared expert's,
+`s_gate_up` (one GEMM where XLA's dot merger does not join them: DeepSeek-V3 widths'
+prefill): its output columns are the checkpoint's `gate_proj` then `up_proj`, bit for bit,
+for bf16 weights and for FP8 ones (the e4m3 rows and the 128 x 128 block scales stacked),
+on one device and on each device of a tensor-parallel split (each device's gate slice then
+its up slice). Where the two cannot be one weight (`fuse_outputs`: FP8 with an output width
+off the 128 block, FP8 next to float) they stay the pair `linear` runs as two GEMMs. Host
+reads only: nothing is compiled.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ from jaxarena.models.families.registry import family_for
 from jaxarena.models.tensor_parallel import device_slices
 
 
-def _device_params(name: str, tp: int, rank: int):
-    """Device `rank`'s host weights of fixture `name` over `tp` devices (tp 1: the model's)."""
+def _device_params(name: str, tp: int, rank: int, kind: str = "mlp"):
+    """Device `rank`'s host weights of fixture `name` over `tp` devices (tp 1: the model's):
+    `(checkpoint, config, [(params, prefix, block)])` of its `kind` blocks."""
     ckpt = open_checkpoint(CHECKPOINTS / name)
     raw = ckpt.config
     family = family_for(raw["model_type"], ckpt.path)
@@ -30,9 +33,9 @@ def _device_params(name: str, tp: int, rank: int):
     arch = family.arch(raw["model_type"], raw, cfg, ckpt.path, 32)
     host, _ = device_slices(family, ckpt, fp8_spec(raw, ckpt.path), cfg, arch, tp, rank)
     names = family.tensor_names(cfg, arch)
-    mlps = [(p, prefix) for b, p, (prefix, _) in
-            zip(arch.blocks, host["layers"], names.blocks, strict=True) if b.kind == "mlp"]  # fmt: skip
-    return ckpt, cfg, mlps
+    blocks = [(p, prefix, b) for b, p, (prefix, _) in
+              zip(arch.blocks, host["layers"], names.blocks, strict=True) if b.kind == kind]  # fmt: skip
+    return ckpt, cfg, blocks
 
 
 @pytest.mark.parametrize("name, tp", [("llama", 1), ("qwen3", 2), ("gemma2", 1)])
@@ -41,8 +44,8 @@ def test_w_gate_up_is_the_checkpoints_gate_then_up(name, tp):
         ckpt, cfg, mlps = _device_params(name, tp, rank)
         inter = cfg.intermediate_size // tp  # this device's columns of each
         cols = slice(rank * inter, (rank + 1) * inter)
-        assert mlps and all("w_gate" not in p and "w_up" not in p for p, _ in mlps)
-        for p, prefix in mlps:
+        assert mlps and all("w_gate" not in p and "w_up" not in p for p, _, _ in mlps)
+        for p, prefix, _ in mlps:
             w = p["w_gate_up"]
             assert isinstance(w, np.ndarray) and w.shape == (cfg.hidden_size, 2 * inter)
             for half, proj in ((w[:, :inter], "gate_proj"), (w[:, inter:], "up_proj")):
@@ -54,7 +57,7 @@ def test_fp8_w_gate_up_stacks_the_rows_and_the_block_scales():
     ckpt, cfg, mlps = _device_params("qwen3_fp8", 1, 0)
     inter = cfg.intermediate_size
     assert inter % 128 == 0 and mlps
-    for p, prefix in mlps:
+    for p, prefix, _ in mlps:
         w = p["w_gate_up"]
         assert is_fp8(w) and w["w"].shape == (2 * inter, cfg.hidden_size)
         for k, rows in (("w", inter), ("scale_inv", inter // 128)):
@@ -86,3 +89,39 @@ def test_fuse_outputs_keeps_a_pair_where_one_weight_would_be_wrong():
     assert got == {"w": s((512, 64), np.uint8), "scale_inv": s((4, 1), np.float32)}
     assert fuse_outputs(s((64, 128), np.float16), s((64, 128), np.float16)) == s((64, 256),
                                                                                 np.float16)  # fmt: skip
+
+
+# DeepSeek-V2 (two shared experts: 64 = 2 x 32 wide), Qwen3-Next (`shared_expert`, with the
+# sigmoid gate `s_scale` kept apart) and DeepSeek-V2 split over 2 devices.
+@pytest.mark.parametrize("name, tp", [("deepseek_v2", 1), ("qwen3_next_moe", 1),
+                                      ("deepseek_v2", 2)])  # fmt: skip
+def test_shared_expert_s_gate_up_is_the_checkpoints_gate_then_up(name, tp):
+    for rank in range(tp):
+        ckpt, cfg, moes = _device_params(name, tp, rank, kind="moe")
+        si = cfg.shared_expert_intermediate_size // tp  # this device's columns of each
+        cols = slice(rank * si, (rank + 1) * si)
+        assert moes and all("s_gate" not in p and "s_up" not in p for p, _, _ in moes)
+        for p, prefix, block in moes:
+            w = p["s_gate_up"]
+            assert isinstance(w, np.ndarray) and w.shape == (cfg.hidden_size, 2 * si)
+            assert ("s_scale" in p) == (name == "qwen3_next_moe")
+            for half, proj in ((w[:, :si], "gate_proj"), (w[:, si:], "up_proj")):
+                stored = ckpt[f"{prefix}.{block.shared}.{proj}.weight"]  # [out, in]
+                want = np.asarray(stored)[cols].T
+                np.testing.assert_array_equal(half.view(np.uint16), want.view(np.uint16))
+
+
+def test_fp8_shared_expert_stacks_the_rows_and_the_block_scales():
+    ckpt, cfg, moes = _device_params("deepseek_v3_fp8", 1, 0, kind="moe")
+    si = cfg.shared_expert_intermediate_size
+    assert si % 128 == 0 and moes
+    for p, prefix, block in moes:
+        w = p["s_gate_up"]
+        assert is_fp8(w) and w["w"].shape == (2 * si, cfg.hidden_size)
+        for k, rows in (("w", si), ("scale_inv", si // 128)):
+            suffix = "" if k == "w" else "_" + k
+            gate = np.asarray(ckpt[f"{prefix}.{block.shared}.gate_proj.weight{suffix}"])
+            up = np.asarray(ckpt[f"{prefix}.{block.shared}.up_proj.weight{suffix}"])
+            assert w[k].shape[0] == 2 * rows and w[k].dtype == gate.dtype
+            np.testing.assert_array_equal(w[k][:rows].view(np.uint8), gate.view(np.uint8))
+            np.testing.assert_array_equal(w[k][rows:].view(np.uint8), up.view(np.uint8))

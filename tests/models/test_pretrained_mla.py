@@ -264,7 +264,7 @@ def test_moe_layer_of_the_fixtures(runs, name):
     assert p["w_gate_up"].shape == (e, h, 2 * inter) and p["w_down"].shape == (e, inter, h)
     si = {"deepseek_v2": 2 * inter, "deepseek_v3": inter}[name]
     assert c.shared_expert_intermediate_size == si
-    assert {"s_up", "s_gate", "s_down"} <= set(p)
+    assert p["s_gate_up"].shape == (h, 2 * si) and p["s_down"].shape == (si, h)  # gate|up joined
     assert ("bias" in p) == (name == "deepseek_v3")
 
 

@@ -21,8 +21,9 @@ place:
 5. the down projection (a second grouped GEMM), rounded as `expert_down_out`;
 6. combine: the `top_k` rows of each token weighted and summed in float32, rounded as
    `moe_output` (LatentMoE: `fc2_latent_proj` back to hidden, rounded again);
-7. shared experts (a dense MLP on the block input): up rounded as `ssm_qkvz`, gate as
-   `expert_gate_out`, the activation as `ssm_qkvz`, down as `expert_down_out`, optionally
+7. shared experts (a dense MLP on the block input; gate and up one weight, one GEMM): up
+   rounded as `ssm_qkvz`, gate as `expert_gate_out`, the activation as `ssm_qkvz`, down as
+   `expert_down_out`, optionally
    times `sigmoid(x @ shared_expert_gate)` (Qwen2-MoE / Qwen3-Next), added to the routed
    output and rounded as `moe_output`.
 
@@ -55,7 +56,7 @@ from jaxarena.models.blocks.moe_routing import (
     softmax_group_route,
     sort_by_expert,
 )
-from jaxarena.models.core.arena import BF16, F32, is_fp8, linear, stored
+from jaxarena.models.core.arena import BF16, F32, fuse_outputs, is_fp8, linear, stored
 from jaxarena.models.core.kernels import grouped_gemm, grouped_gemm_fp8_into
 
 __all__ = ["MoE", "MOE_ROUTERS"]
@@ -142,8 +143,10 @@ class MoE(StatelessBlock):
 
     Parameters: `norm`, `router` (`[hidden, E]`), `bias` (`f32[E]`, sigmoid routers),
     `w_gate_up` (`[E, in, 2 * inter]`, swiglu) or `w_up` (`[E, in, inter]`), `w_down`
-    (`[E, inter, in]`); shared: `s_up`, `s_down`, `s_gate` (swiglu), `s_scale` (`[hidden,
-    1]`); latent: `w_lat_in`, `w_lat_out` (float or FP8 as in `core.arena.linear`).
+    (`[E, inter, in]`); shared: `s_down`, `s_up` (relu2) or `s_gate_up` (swiglu: `[hidden,
+    2 shared_inter]`, the gate's columns then the up's, one GEMM; the `(gate, up)` tuple where
+    `core.arena.fuse_outputs` cannot join them), `s_scale` (`[hidden, 1]`); latent:
+    `w_lat_in`, `w_lat_out` (float or FP8 as in `core.arena.linear`).
     """
 
     kind: ClassVar[str] = "moe"
@@ -192,10 +195,12 @@ class MoE(StatelessBlock):
         p["w_down"] = experts(inter, d) * 0.5
         if self.shared:
             si = c.shared_expert_intermediate_size
-            p["s_up"] = dense_init(keys, h, si)
+            up = dense_init(keys, h, si)
             p["s_down"] = dense_init(keys, si, h) * 0.5
             if self.act == "swiglu":
-                p["s_gate"] = dense_init(keys, h, si)
+                p["s_gate_up"] = fuse_outputs(dense_init(keys, h, si), up)
+            else:
+                p["s_up"] = up
             if self.shared_gate:
                 p["s_scale"] = dense_init(keys, h, 1)
         if self.latent:
@@ -206,7 +211,10 @@ class MoE(StatelessBlock):
     def read_params(self, reader: Any, config: ModelConfig, prefix: str,
                     norm: str) -> dict[str, Any]:  # fmt: skip
         """`{prefix}.gate.weight` (the router, always float), `{prefix}.experts.{j}.*`, and the
-        shared expert / latent projections when the block has them."""
+        shared expert / latent projections when the block has them. The shared expert's gate
+        and up are joined into `s_gate_up` (`core.arena.fuse_outputs`); under tensor
+        parallelism the reader hands out this device's slice of each, so a device's
+        `s_gate_up` is its gate slice then its up slice."""
         c = config
         h, e, inter, d = c.hidden_size, c.num_experts, c.moe_intermediate_size, c.moe_input_size
         gname, uname, dname = self.expert_names
@@ -227,10 +235,12 @@ class MoE(StatelessBlock):
             p["w_up"] = up
         if self.shared:
             s, si = f"{prefix}.{self.shared}", c.shared_expert_intermediate_size
-            p["s_up"] = reader.linear(f"{s}.up_proj", si, h)
+            up = reader.linear(f"{s}.up_proj", si, h)
             p["s_down"] = reader.linear(f"{s}.down_proj", h, si)
             if self.act == "swiglu":
-                p["s_gate"] = reader.linear(f"{s}.gate_proj", si, h)
+                p["s_gate_up"] = fuse_outputs(reader.linear(f"{s}.gate_proj", si, h), up)
+            else:
+                p["s_up"] = up
             if self.shared_gate:
                 p["s_scale"] = _transposed(
                     reader.matrix(f"{prefix}.shared_expert_gate.weight", 1, h)
@@ -308,9 +318,16 @@ class MoE(StatelessBlock):
         h, si = c.hidden_size, c.shared_expert_intermediate_size
         act_regions = workspaces.FP8_ACT_REGIONS
         if self.act == "swiglu":
-            # One input quantization for both projections (a tuple weight, split outputs).
-            arena, (g, u) = linear(plan, arena, x, (t, h), (p["s_gate"], p["s_up"]),
-                                   act_regions, interpret=it, kernels=env.kernels, split=True)  # fmt: skip
+            # One GEMM of the joined weight (a `(gate, up)` tuple: two GEMMs on one input
+            # quantization). No `stored_out`: a float32 product, like the router's, is one
+            # XLA's dot merger joins with the router's GEMM in decode (a bf16 one is not:
+            # measured +1 GEMM launch per layer, DeepSeek-V2-Lite at batch 8).
+            arena, gu = linear(plan, arena, x, (t, h), p["s_gate_up"], act_regions,
+                               interpret=it, kernels=env.kernels, split=True)  # fmt: skip
+            if len(gu) == 1:  # joined: the gate's columns, then the up's
+                half = gu[0].shape[1] // 2
+                gu = (gu[0][:, :half], gu[0][:, half:])
+            g, u = gu
             a = jax.nn.silu(stored(g)) * stored(u)
         else:
             arena, u = linear(plan, arena, x, (t, h), p["s_up"], act_regions, interpret=it, kernels=env.kernels)
