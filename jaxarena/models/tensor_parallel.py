@@ -27,7 +27,9 @@ reader cuts each stored tensor along every axis whose size differs (the rule bel
 that slice's bytes are read and only they reach the device. Tensors that concatenate several
 differently split parts along one axis (Mamba-2's `in_proj` `z | x | B | C | dt`, a conv over
 `x | B | C` or `q | k | v`, Qwen3.5's `in_proj_qkv`, fused experts' `gate_up_proj`) are cut
-part by part (`tensor_layouts`).
+part by part (`tensor_layouts`). gpt-oss's `gate_up_proj` interleaves gate and up columns
+(`g0 u0 g1 u1 ...`): the default contiguous cut of `2 inter` into `tp` even-width slices hands
+each device whole `(g_i, u_i)` pairs, so it needs no layout.
 
 The split rule of one axis (or one part of it) of global size `G` that a device holds `L` of:
 `G = n L` units; with `n == tp` device `r` holds unit `r`; with `n < tp` (fewer KV heads or
@@ -69,8 +71,10 @@ AXIS = "tp"
 _P = jax.sharding.PartitionSpec
 
 # Parameters added after a row-parallel projection: kept on device 0 only (zeros elsewhere),
-# so the all-reduce adds them once.
+# so the all-reduce adds them once. gpt-oss's down bias is one only with ep == 1 (experts split
+# over their intermediate dimension); with ep == tp each device adds its own experts' biases.
 _ROW_PARALLEL_BIASES = {"attention": ("bo",)}
+_ROW_PARALLEL_BIASES_EP1 = {"moe_gpt_oss": ("b_down",)}
 
 
 def tp_mesh(tp: int, devices: Sequence[Any] | None = None) -> jax.sharding.Mesh:
@@ -141,8 +145,6 @@ def check_tensor_parallel(arch: Any, config: ModelConfig, tp: int, ep: int = 1) 
         return local
     problems = []
     kinds = {b.kind for b in arch.blocks}
-    if "moe_gpt_oss" in kinds:
-        problems.append("gpt-oss's experts (interleaved gate/up with biases)")
     if "mamba" in kinds and config.n_groups % tp:
         problems.append(f"Mamba-2 with n_groups={config.n_groups} < tp={tp}: its gated RMSNorm "
                         "normalizes over a group whose channels would span devices")  # fmt: skip
@@ -254,7 +256,10 @@ def device_slices(family: Any, ckpt: Any, fp8: Any, config: ModelConfig, arch: A
     host = family.read_params(reader, local, arch)
     if rank:
         for block, p in zip(arch.blocks, host["layers"], strict=True):
-            for key in _ROW_PARALLEL_BIASES.get(block.kind, ()):
+            keys = _ROW_PARALLEL_BIASES.get(block.kind, ())
+            if ep == 1:
+                keys += _ROW_PARALLEL_BIASES_EP1.get(block.kind, ())
+            for key in keys:
                 if key in p:
                     p[key] = np.zeros_like(p[key])
     return host, reader.unused()

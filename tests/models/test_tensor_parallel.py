@@ -65,8 +65,8 @@ def test_bad_meshes_are_refused():
         load_pretrained(path, **LIMITS, mesh=8)
     with pytest.raises(NotImplementedError, match="n_groups=2 < tp=4"):
         load_pretrained(CHECKPOINTS / "mamba2", **LIMITS, mesh=4)
-    with pytest.raises(NotImplementedError, match="gpt-oss's experts"):
-        load_pretrained(CHECKPOINTS / "gpt_oss", **LIMITS, mesh=2)
+    with pytest.raises(Exception, match="num_experts=4 is not divisible by ep=8"):
+        load_pretrained(CHECKPOINTS / "gpt_oss", **LIMITS, mesh=8, ep=8)
 
 
 def test_bf16_all_reduce_rounds_once():

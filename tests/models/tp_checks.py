@@ -16,7 +16,7 @@ import test_pretrained_mla as mla_tests
 from lm_runs import CHECKPOINTS, FAST_CPU_COMPILE, LIMITS, NEW_TOKENS, reference
 
 from jaxarena import ArenaPlan, BufferSizes, MemoryBudget
-from jaxarena._sizing.kv_pool import slot_bytes
+from jaxarena._sizing.kv_pool import page_bytes, slot_bytes
 from jaxarena.models import load_pretrained
 from jaxarena.models.blocks.moe import MoE
 from jaxarena.models.tensor_parallel import AXIS, per_device_bytes
@@ -153,9 +153,13 @@ def test_each_device_holds_its_budget(sharded, case):
         == budget.replace(levers=lm.model.levers, target=lm.model.target).arena_bytes
     )
     tables = lm.block_tables
-    tokens = tables.shape[0] * tables.shape[1] * LIMITS["kv_block_size"]
+    # KV pages as the engine's pool counts them (`page_bytes`): every attention layer's,
+    # sliding-window ones included (gpt-oss), which the budget's per-token figure leaves out.
+    block = LIMITS["kv_block_size"]
+    page = page_bytes(budget.local_config, block)
+    assert page >= block * budget.kv_bytes_per_token
     rows = LIMITS["max_batch_size"] + 1
-    state = lm.cache_bytes - tokens * budget.kv_bytes_per_token
+    state = lm.cache_bytes - tables.shape[0] * tables.shape[1] * page
     assert lm.cache_bytes == per_device_bytes(lm.caches)
     # Recurrent states: a row per slot of the per-device states, as the engine's page pool
     # counts them (`slot_bytes`, which the engine checks against its allocation).

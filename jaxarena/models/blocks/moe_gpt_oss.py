@@ -23,6 +23,14 @@ last axis (gate = columns 0, 2, 4, ..., up = 1, 3, 5, ...), `gate_up_proj_bias [
 (interleaved too), `down_proj [E, inter, hidden]`, `down_proj_bias [E, hidden]`. They are
 de-interleaved once at load into `MoE`'s `[gate | up]` layout. MXFP4 experts (the hub's
 `gate_up_proj_blocks` / `_scales`) are refused.
+
+Tensor parallelism (`models.tensor_parallel`): with `ep == 1` each device reads a contiguous
+cut of the interleaved axis (`moe_intermediate_size / tp` whole `(g_i, u_i)` pairs, the even
+cut the reader's default rule makes) of `gate_up_proj` and its bias, the matching rows of
+`down_proj`, and `down_proj_bias` on device 0 only (zeros elsewhere: the block's all-reduce adds
+it once). With `ep == tp` a device reads its experts (`Reader.expert_ids`) whole, with their
+biases; the picks of other devices' experts index past its biases and get zero ones (`_bias`),
+so their rows, which the grouped GEMMs write as zeros, stay zero.
 """
 
 from __future__ import annotations
@@ -49,6 +57,12 @@ def deinterleave(a: Any) -> Any:
     if isinstance(a, jax.ShapeDtypeStruct):
         return a
     return np.concatenate([a[..., 0::2], a[..., 1::2]], axis=-1)
+
+
+def _bias(b: jax.Array, expert: jax.Array) -> jax.Array:
+    """The float32 bias row of each row's expert; zeros for an expert past `b`'s rows (another
+    device's, under expert parallelism: `MoE._forward` sends those picks to group `held`)."""
+    return b.astype(F32).at[expert].get(mode="fill", fill_value=0.0)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -92,6 +106,7 @@ class GptOssMoE(MoE):
           CheckpointError: a missing tensor or a shape the config does not imply.
         """
         h, e, inter = config.hidden_size, config.num_experts, config.moe_intermediate_size
+        n_all = e  # the router scores every expert
         ex = f"{prefix}.experts"
         if reader.ckpt is not None and f"{ex}.gate_up_proj_blocks" in reader.ckpt:
             raise NotImplementedError(f"{reader.ckpt.path}: {ex}.gate_up_proj_blocks: MXFP4 "
@@ -101,6 +116,13 @@ class GptOssMoE(MoE):
             raise NotImplementedError(f"{reader.ckpt.path}: FP8 gpt-oss experts ({ex}) are "
                                       "not implemented")  # fmt: skip
 
+        # This device's experts (all of them but under expert parallelism, where the reader
+        # cuts the expert axis to the same contiguous range).
+        ids = reader.expert_ids(e)
+        if len(ids) != e and (ids.step != 1 or ids.start % len(ids)):
+            raise NotImplementedError(f"{ex}: expert ids {ids} are not a contiguous block")
+        e = len(ids)
+
         def get(name: str, *shape: int) -> Any:  # as stored (bf16 in releases)
             a = reader.raw(name, shape, FLOAT_DTYPES)
             if a.size > 1 and not any(a.strides):  # the shapes-only reader's zero-strided view
@@ -109,8 +131,8 @@ class GptOssMoE(MoE):
 
         return {
             "norm": reader.vector(norm, h),
-            "router": _transposed(reader.matrix(f"{prefix}.router.weight", e, h)),
-            "router_bias": get(f"{prefix}.router.bias", e),
+            "router": _transposed(reader.matrix(f"{prefix}.router.weight", n_all, h)),
+            "router_bias": get(f"{prefix}.router.bias", n_all),
             "w_gate_up": deinterleave(get(f"{ex}.gate_up_proj", e, h, 2 * inter)),
             "b_gate_up": deinterleave(get(f"{ex}.gate_up_proj_bias", e, 2 * inter)),
             "w_down": get(f"{ex}.down_proj", e, inter, h),
@@ -129,11 +151,11 @@ class GptOssMoE(MoE):
     def _act(self, p, gu: jax.Array, expert: jax.Array) -> jax.Array:
         """The clamped GLU of the `[gate | up]` rows plus their expert's biases."""
         inter = gu.shape[-1] // 2
-        gu = gu + p["b_gate_up"].astype(F32)[expert]
+        gu = gu + _bias(p["b_gate_up"], expert)
         gate = jnp.minimum(gu[:, :inter], self.limit)
         up = jnp.clip(gu[:, inter:], -self.limit, self.limit)
         return (up + 1.0) * (gate * jax.nn.sigmoid(self.alpha * gate))
 
     def _down_bias(self, p, y: jax.Array, expert: jax.Array) -> jax.Array:
         """The down projection's rows plus their expert's bias (weighted later with them)."""
-        return y + p["b_down"].astype(F32)[expert]
+        return y + _bias(p["b_down"], expert)
