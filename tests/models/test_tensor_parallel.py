@@ -89,7 +89,8 @@ def test_bf16_all_reduce_rounds_once():
 @pytest.mark.parametrize(
     "preset, tp, ep",
     [("qwen3-32b", 8, 1), ("qwen3-30b-a3b", 4, 4), ("deepseek-v3", 8, 8),
-     ("kimi-k2-instruct", 8, 8), ("qwen3-next-80b-a3b", 4, 1), ("nemotron-h-8b", 8, 1)],
+     ("kimi-k2-instruct", 8, 8), ("qwen3-next-80b-a3b", 4, 1), ("nemotron-h-8b", 8, 1),
+     ("gpt-oss-20b", 4, 1), ("gpt-oss-20b", 8, 8)],
 )  # fmt: skip
 def test_each_device_of_a_preset_holds_its_budget(preset, tp, ep):
     """On the abstract shapes of the bundled presets (no weight read, nothing compiled): one
@@ -99,13 +100,15 @@ def test_each_device_of_a_preset_holds_its_budget(preset, tp, ep):
     import numpy as np
 
     from jaxarena import ArenaPlan, BufferSizes, MemoryBudget, ModelConfig
-    from jaxarena._sizing.kv_pool import slot_bytes
+    from jaxarena._sizing.kv_pool import page_bytes, slot_bytes
     from jaxarena.step_report import abstract_model
 
     limits = dict(max_batch_tokens=2048, max_seq_len=4096, kv_block_size=16, max_batch_size=8)
-    lm, params, caches = abstract_model(preset, target="h200", tp=tp, ep=ep, **limits)
     config = ModelConfig.preset(preset)
     weights = "fp8" if config.quant_method == "fp8" else "bf16"
+    # gpt-oss's MXFP4 preset as its dequantized bf16 checkpoint (MXFP4 is refused).
+    lm, params, caches = abstract_model(preset, target="h200", tp=tp, ep=ep,
+                                        weights=None if weights == "fp8" else "bf16", **limits)  # fmt: skip
     budget = MemoryBudget(config=config, memory_bytes="10TB", weights=weights, tp=tp, ep=ep,
                           levers=lm.levers, target=lm.target, **limits)  # fmt: skip
 
@@ -122,4 +125,7 @@ def test_each_device_of_a_preset_holds_its_budget(preset, tp, ep):
     pages = jax.tree.leaves(caches)[0].shape[0] if lm.config.num_attention_heads else 0
     rows = limits["max_batch_size"] + 1
     kv = nbytes(caches) - rows * slot_bytes(lm.config)
-    assert kv == pages * limits["kv_block_size"] * budget.kv_bytes_per_token
+    # Pages as the engine's pool counts them: sliding-window layers (gpt-oss) included.
+    assert kv == pages * page_bytes(lm.config, limits["kv_block_size"])
+    assert page_bytes(lm.config, limits["kv_block_size"]) >= (limits["kv_block_size"]
+                                                              * budget.kv_bytes_per_token)  # fmt: skip
