@@ -29,7 +29,8 @@ from jaxarena import ModelConfig  # noqa: E402
 from jaxarena.step_report import step_report_details  # noqa: E402
 
 RUNS = ("qwen3-32b:8:1:1", "qwen3-30b-a3b:4:4:1", "qwen3-next-80b-a3b:4:1:4",
-        "kimi-k2-instruct:8:8:2", "deepseek-v3:8:8:4", "qwen3-30b-a3b:8:8:1")  # fmt: skip
+        "kimi-k2-instruct:8:8:2", "deepseek-v3:8:8:4", "qwen3-30b-a3b:8:8:1",
+        "mamba2-2.7b:4:1:1")  # fmt: skip
 
 
 def format_bytes(n: float) -> str:

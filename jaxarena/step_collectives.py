@@ -13,7 +13,8 @@ The minimum (`collective_minimum`): a Megatron-style tensor-parallel model must 
 hidden rows once per block (`[rows, hidden]` bf16; two per dense decoder layer: attention and
 MLP). The design (`jaxarena.models.tensor_parallel`) all-reduces the blocks' partial sums in
 bf16 (`ArenaLM._block`: the minimum's bytes) and adds two: the vocab-parallel embedding's all-reduce of the bf16 rows and the LM
-head's all-gather of the bf16 logits.
+head's all-gather of the bf16 logits. Mamba-2 with fewer groups than devices adds one float32
+all-reduce per mixer, its gated RMSNorm's sums of squares (`[rows, n_groups]`, `Mamba2`).
 """
 
 from __future__ import annotations
@@ -131,7 +132,9 @@ def collective_minimum(lm: Any, kind: str, tp: int) -> dict[str, int]:
     all-reduce of the `[rows, hidden]` block output per block; the design all-reduces them in
     bf16 (`BLOCK_OUTPUT_BYTES`) and adds the embedding's all-reduce of the bf16 rows and the
     all-gather of each device's bf16 logits (`rows` the step's tokens; the logits' rows: a
-    decode step's sequences, a prefill's `max_batch_size + 1`)."""
+    decode step's sequences, a prefill's `max_batch_size + 1`), and, when Mamba-2's groups
+    are fewer than the devices (`lm.tp_groups < tp`), each mixer's float32 all-reduce of its
+    gated RMSNorm's `[rows, n_groups]` sums of squares."""
     if tp == 1:
         return dict.fromkeys(("min_count", "min_bytes", "design_count", "design_bytes"), 0)
     hidden, blocks = lm.config.hidden_size, len(lm.arch.blocks)
@@ -140,10 +143,12 @@ def collective_minimum(lm: Any, kind: str, tp: int) -> dict[str, int]:
     else:
         rows, logit_rows = lm.max_batch_tokens, lm.max_batch_size + 1
     block_bytes = rows * hidden * 2
+    groups = getattr(lm, "tp_groups", None)
+    norms = sum(b.kind == "mamba" for b in lm.arch.blocks) if groups and groups < tp else 0
     return {"min_count": blocks, "min_bytes": blocks * block_bytes,
-            "design_count": blocks + 2,
+            "design_count": blocks + 2 + norms,
             "design_bytes": blocks * rows * hidden * BLOCK_OUTPUT_BYTES + block_bytes
-            + logit_rows * lm.config.vocab_size * 2}  # fmt: skip
+            + logit_rows * lm.config.vocab_size * 2 + norms * rows * (groups or 0) * 4}  # fmt: skip
 
 
 def link_seconds(coll: dict[str, Any], tp: int, target: str) -> float:

@@ -301,7 +301,9 @@ def abstract_model(
                  max_batch_size=max_batch_size, target=sizing, levers=levers,
                  interpret=None if target == "cpu" else False)  # fmt: skip
     if tp > 1:
-        lm = dataclasses.replace(lm, tp_axis=AXIS, tp_vocab=whole.vocab_size)
+        lm = dataclasses.replace(
+            lm, tp_axis=AXIS, tp_vocab=whole.vocab_size, tp_groups=whole.n_groups or None
+        )
     # A weight format other than the checkpoint's: shapes from the config, dtypes from `weights`.
     params = _abstract_params(source, arch, raw, headers=weights is None,
                               local=cfg if tp > 1 else None, tp=tp, ep=ep)  # fmt: skip

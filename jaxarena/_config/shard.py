@@ -23,7 +23,9 @@ The split, field by field (anything not listed is kept as is):
     moe_layer_widths                 each / tp when ep == 1, like moe_intermediate_size
     n_groups                         / tp; when fewer groups than devices, each device keeps
                                      ONE (replicated) group, which needs tp % n_groups == 0
-                                     (vLLM's Mamba-2 mixer does the same)
+                                     (vLLM's Mamba-2 mixer does the same); the gated
+                                     RMSNorm of a group spanning devices all-reduces its
+                                     sums of squares (no buffer of its own)
     vocab_size                       vocab-parallel LM head: the vocabulary is padded up to a
                                      multiple of `vocab_multiple * tp` (Megatron's
                                      `make_vocab_size_divisible_by`; default 1, i.e. the least

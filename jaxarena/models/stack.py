@@ -148,6 +148,9 @@ class ArenaLM:
         axis (`jaxarena.models.tensor_parallel`): the embedding and the LM head are
         vocab-parallel, and every block's output is all-reduced before the residual add.
       tp_vocab: with `tp_axis`, the whole model's vocabulary (the gathered logits are cut to it).
+      tp_groups: with `tp_axis`, the whole model's Mamba-2 `n_groups` (`Env.tp_groups`): fewer
+        than the devices, each gated-RMSNorm group spans several of them. None: no group
+        spans devices.
     """
 
     config: ModelConfig
@@ -165,6 +168,7 @@ class ArenaLM:
     prefill_chunk: int | str | None = "auto"
     tp_axis: str | None = None
     tp_vocab: int | None = None
+    tp_groups: int | None = None
 
     def __post_init__(self) -> None:
         if self.kernels != "auto":
@@ -192,7 +196,8 @@ class ArenaLM:
         """What every block runs against (config, plan, KV page size, decode policy)."""
         return Env(config=self.config, plan=self.plan, kv_block_size=self.kv_block_size,
                    target=self.target, levers=self.levers, interpret=self.interpret,
-                   kernels=resolve_kernels(self.kernels), tp_axis=self.tp_axis)  # fmt: skip
+                   kernels=resolve_kernels(self.kernels), tp_axis=self.tp_axis,
+                   tp_groups=self.tp_groups)  # fmt: skip
 
     def init_caches(self, *, num_blocks: int, rows: int) -> dict[str, Any]:
         """Zeroed decode caches, one entry per block (`Block.init_cache`) under its

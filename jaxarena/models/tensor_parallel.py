@@ -15,6 +15,12 @@ sees. A model over `tp` devices is the `ArenaLM` of that per-device config, run 
     the residual add: two per dense decoder layer, as Megatron-LM's;
   * the LM head is vocab-parallel and an `all_gather` puts the logits together.
 
+Mamba-2 with fewer groups than devices (`n_groups < tp`, `tp % n_groups == 0`; mamba2-2.7b has
+one group) holds its heads' x, z and dt channels and the whole group's B and C (replicated by
+the rule below); the gated RMSNorm over the group's channels, which then span `tp / n_groups`
+devices, completes its sum of squares with one float32 `psum` of `[tokens, n_groups]` per mixer
+(`Mamba2._spanning_norm`; `ArenaLM.tp_groups` carries the whole model's `n_groups`).
+
 Every weight, the arena and the caches carry a leading device axis (`[tp, ...]`, sharded over
 `AXIS`): device `r`'s slice is whatever `ModelConfig.shard` says device `r` holds, including
 the replicated pieces (norms, routers, MLA's down projections, KV heads when there are fewer
@@ -131,27 +137,17 @@ def check_degrees(tp: Any, ep: Any) -> None:
 
 def check_tensor_parallel(arch: Any, config: ModelConfig, tp: int, ep: int = 1) -> ModelConfig:
     """The per-device config of `config` over `tp` devices (`ModelConfig.shard`), after checking
-    that every block of `arch` runs split that way. `ep`: 1, or `tp` to split the routed
-    experts whole over the same devices (vLLM's expert parallelism; each device then holds
-    `num_experts / tp` experts at their full width).
+    the degrees. `ep`: 1, or `tp` to split the routed experts whole over the same devices
+    (vLLM's expert parallelism; each device then holds `num_experts / tp` experts at their
+    full width). Every block kind of `arch` splits (gpt-oss's experts and Mamba-2 with fewer
+    groups than devices included), so `arch` adds no refusal today; it stays the place for one.
 
     Raises:
       ConfigError: a dimension does not split (from `ModelConfig.shard`).
-      NotImplementedError: a block kind or layout that is not split here, named.
+      ValueError: `tp` or `ep` out of range (`check_degrees`).
     """
     check_degrees(tp, ep)
-    local = config.shard(tp=tp, ep=ep)
-    if tp == 1:
-        return local
-    problems = []
-    kinds = {b.kind for b in arch.blocks}
-    if "mamba" in kinds and config.n_groups % tp:
-        problems.append(f"Mamba-2 with n_groups={config.n_groups} < tp={tp}: its gated RMSNorm "
-                        "normalizes over a group whose channels would span devices")  # fmt: skip
-    if problems:
-        raise NotImplementedError("tensor parallelism is not implemented for: "
-                                  + "; ".join(problems))  # fmt: skip
-    return local
+    return config.shard(tp=tp, ep=ep)
 
 
 def _unit_slices(width: int, units: int, local: int, tp: int, rank: int, name: str) -> slice:
@@ -352,7 +348,8 @@ def load_on_mesh(mesh: jax.sharding.Mesh, family: Any, ckpt: Any, fp8: Any, conf
                                     m["kv_block_size"], m["max_batch_size"], levers=m["levers"],
                                     target=m["target"])  # fmt: skip
     model = ArenaLM(config=local, arch=arch, plan=ArenaPlan.sequential(sizes, guard_bytes=guard_bytes),
-                    tp_axis=AXIS, tp_vocab=config.vocab_size, **m)  # fmt: skip
+                    tp_axis=AXIS, tp_vocab=config.vocab_size, tp_groups=config.n_groups or None,
+                    **m)  # fmt: skip
     per_device, unused = {}, None
     for r, dev in enumerate(mesh.devices.flat):
         if dev.process_index != jax.process_index():

@@ -85,3 +85,15 @@ def test_link_seconds_and_minimum():
     assert pre["min_bytes"] == 4 * 16 * 64 * 2 and pre["design_bytes"] == (
         4 * 16 * 64 * 2 + 16 * 64 * 2 + 5 * 32 * 2)  # fmt: skip
     assert set(collective_minimum(LM(), "decode", 1).values()) == {0}
+
+    @dataclasses.dataclass
+    class Mixer:
+        kind: str = "mamba"
+
+    # Mamba-2 with 2 groups over 4 devices: each mixer adds its norm's [rows, 2] f32 psum.
+    mamba = LM(arch=Arch(blocks=(Mixer(), Mixer())))
+    mamba.tp_groups = 2
+    got = collective_minimum(mamba, "decode", 4)
+    assert got["design_count"] == 2 + 2 + 2 and got["min_count"] == 2
+    assert got["design_bytes"] == 2 * 4 * 64 * 2 + 4 * 64 * 2 + 4 * 32 * 2 + 2 * 4 * 2 * 4
+    assert collective_minimum(mamba, "decode", 2)["design_count"] == 4  # groups on one device

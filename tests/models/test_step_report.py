@@ -149,7 +149,7 @@ def test_json_schema_and_text(capsys, tmp_path):
         (["qwen3-30b-a3b", "--target", "cpu", "--tp", "2", "--ep", "4"],
          "--tp 2 --ep 4: ep=4 must be 1 or equal to tp=2"),
         (["qwen3-30b-a3b", "--target", "cpu", "--tp", "0"], "tp=0 must be a positive int"),
-        (["mamba2-2.7b", "--target", "cpu", "--tp", "2"], "Mamba-2 with n_groups=1 < tp=2"),
+        (["mamba2-2.7b", "--target", "cpu", "--tp", "3"], "mamba_num_heads=80 is not divisible"),
         (["qwen3-8b", "--target", "cpu", "--tp", "4096"], "tp=4096 on the cpu target needs 4096"),
     ],
 )

@@ -1,7 +1,7 @@
-"""Mamba-2 at tp 4: the fixtures read with more, narrower groups.
+"""Mamba-2 at tp 4: the fixtures read with more, narrower groups (a group per device).
 
-The mamba2 / nemotron_h fixtures have 2 SSM groups, too few to split 4 ways
-(test_tensor_parallel.py runs them at tp 2). The same safetensors files are valid checkpoints
+The mamba2 / nemotron_h fixtures have 2 SSM groups (test_tensor_parallel.py runs them at tp 4
+against transformers, each group spanning 2 devices). The same safetensors files are valid checkpoints
 of models with 4 groups of half the state size (`in_proj`, the conv and every other tensor keep
 their shapes: B and C are `n_groups * state_size` wide): other models, with no transformers
 reference, so each is held against its own one-device run. (Gated DeltaNet has no such reading:

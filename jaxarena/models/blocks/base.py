@@ -45,6 +45,10 @@ class Env:
         share; `jaxarena.models.tensor_parallel`), None on one device. An MoE block whose
         weights hold fewer experts than `config.num_experts` runs this device's experts
         (expert parallelism over the same axis).
+      tp_groups: with `tp_axis`, the whole model's Mamba-2 `n_groups` when it may be fewer
+        than the devices (`config.n_groups` is then 1, the group replicated): the gated
+        RMSNorm's group then spans `tp / tp_groups` devices and its sum of squares is
+        all-reduced (`Mamba2`). None, or at least `tp`: every group lies on one device.
     """
 
     config: ModelConfig
@@ -55,6 +59,7 @@ class Env:
     interpret: bool | None = None
     kernels: str = "pallas"
     tp_axis: str | None = None
+    tp_groups: int | None = None
 
     def __post_init__(self) -> None:
         check_kernels(self.kernels, "Env.kernels")

@@ -127,10 +127,38 @@ class Mamba2(Block):
         out_proj."""
         c = env.config
         y = y.reshape(t, c.mamba2_d_inner) * jax.nn.silu(z)
-        g = c.n_groups
-        y = rms_norm(y.reshape(t, g, -1), p["gate_norm"].reshape(g, -1), self.rms_eps)
+        span = self._norm_span(env)
+        if span > 1:
+            y = self._spanning_norm(env, y, p["gate_norm"], span)
+        else:
+            g = c.n_groups
+            y = rms_norm(y.reshape(t, g, -1), p["gate_norm"].reshape(g, -1), self.rms_eps)
         return linear(env.plan, arena, stored(y.reshape(t, -1)), (t, c.mamba2_d_inner),
                       p["out_proj"], workspaces.FP8_ACT_REGIONS, interpret=env.interpret, kernels=env.kernels)  # fmt: skip
+
+    @staticmethod
+    def _norm_span(env: Env) -> int:
+        """Devices one gated-RMSNorm group spans: `tp / n_groups` over a mesh with fewer
+        groups than devices (`Env.tp_groups`), else 1."""
+        if env.tp_axis is None or not env.tp_groups:
+            return 1
+        tp = jax.lax.axis_size(env.tp_axis)
+        return tp // env.tp_groups if env.tp_groups < tp else 1
+
+    def _spanning_norm(self, env: Env, y, w, span: int):
+        """The gated RMSNorm of `y` (`[T, local channels]`, all of one group) when its group
+        spans `span` devices: each device's float32 sum of squares goes into its group's slot
+        of a `[T, n_groups]` vector (zeros elsewhere), one `psum` over the whole axis adds the
+        devices of each group, and every device divides by the group's whole width. The
+        vector is tiny (`n_groups` floats a token); the sum's order differs from one device's
+        (a float32 reorder, ~1e-7 relative, far below the bf16 roundings around it)."""
+        whole, d_local = env.tp_groups, env.config.mamba2_d_inner
+        group = jax.lax.axis_index(env.tp_axis) // span
+        mine = jax.nn.one_hot(group, whole, dtype=F32)  # [n_groups]
+        y = y.astype(F32)
+        sums = jax.lax.psum(jnp.sum(y * y, -1, keepdims=True) * mine, env.tp_axis)
+        mean = jnp.sum(sums * mine, -1, keepdims=True) / (d_local * span)
+        return y * jax.lax.rsqrt(mean + self.rms_eps) * w
 
     # -- steps -------------------------------------------------------------------------------
 
