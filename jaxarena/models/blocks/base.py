@@ -45,6 +45,10 @@ class Env:
         share; `jaxarena.models.tensor_parallel`), None on one device. An MoE block whose
         weights hold fewer experts than `config.num_experts` runs this device's experts
         (expert parallelism over the same axis).
+      fp8_act_values: FP8 projections quantize their input activations as values (the
+        `fp8_block_quant` kernel's own outputs) instead of into the arena's FP8 regions
+        (`core.arena.linear`'s `act_values`): the decode step's choice, whose inputs are a
+        few rows (at most `max_batch_size`), so no arena slice is copied out for each GEMM.
     """
 
     config: ModelConfig
@@ -55,9 +59,17 @@ class Env:
     interpret: bool | None = None
     kernels: str = "pallas"
     tp_axis: str | None = None
+    fp8_act_values: bool = False
 
     def __post_init__(self) -> None:
         check_kernels(self.kernels, "Env.kernels")
+
+    @property
+    def linear_kw(self) -> dict[str, Any]:
+        """The keyword arguments of `core.arena.linear` this environment sets: the Pallas
+        mode, the kernel backend and where FP8 activations are quantized."""
+        return {"interpret": self.interpret, "kernels": self.kernels,
+                "act_values": self.fp8_act_values}  # fmt: skip
 
 
 class StepContext(NamedTuple):
