@@ -134,7 +134,8 @@ def fp8_block_matmul(xq: jax.Array, xs: jax.Array, w: dict[str, jax.Array], *,
     268 -> 239 launches. Qwen3-8B widths, 4 layers, FP8 weights: prefill 6.78 GB -> 386 MB,
     174 -> 130; decode 31.9 MB -> 0.93 MB, 189 -> 150. Of the launches left above the bf16
     step's, one copy per quantized input (its scales: the kernel's operands are slices of
-    the arena). A loop over the K blocks accumulating `[T, N]` in f32 was the other route:
+    the arena; the decode step now quantizes as values and copies none, `linear`'s
+    `act_values`). A loop over the K blocks accumulating `[T, N]` in f32 was the other route:
     2.5 GB and 14,547 launches at that prefill, 14.7 MB and 11,724 at that decode.
 
     Raises:
