@@ -290,6 +290,10 @@ class ArenaLM:
     def _block(self, mode: str, block: Block, p, arena, cache, h, ctx: StepContext):
         """One block with its pre-norm and residual add: `(arena, cache, h)`."""
         env, eps = self.env, self.arch.rms_eps
+        if mode == "decode":
+            # Decode's FP8 activations are a few rows: quantized as values, so no arena slice
+            # is copied out for each GEMM (`Env.fp8_act_values`); prefill keeps the regions.
+            env = dataclasses.replace(env, fp8_act_values=True)
         normed = stored(rms_norm(h, p["norm"], eps, self.arch.norm_offset))
         if block.input_in_ctx:
             block_ctx = ctx._replace(x=normed)

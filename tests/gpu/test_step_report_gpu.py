@@ -6,6 +6,7 @@ on the KV page pool's size (why the report may size the pool at one sequence).""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import jax
 import pytest
@@ -68,6 +69,20 @@ def test_step_report_b200_decode(h200, target):
     assert list(r["steps"]) == ["decode"] and r["steps"]["decode"]["spills"] == 0
 
 
+def test_fp8_decode_copies_nothing_out_of_the_arena(h200):
+    """The qwen3_fp8 fixture's decode step (block-FP8 weights): its projections' activations
+    are quantized as values (`Env.fp8_act_values`), so no `fp8_act*` slice is copied out of
+    the arena for a GEMM (before: 8 copies per layer, 2 per quantized input: 16 here); its
+    prefill, which keeps the regions, still copies them."""
+    from jaxarena.step_report import step_report
+
+    ckpt = Path(__file__).resolve().parents[1] / "fixtures" / "checkpoints" / "qwen3_fp8"
+    r = step_report(str(ckpt), target=h200, **LIMITS)
+    decode, prefill = r["steps"]["decode"], r["steps"]["prefill"]
+    assert decode["copies"] == 0 and decode["spills"] == 0
+    assert prefill["copies"] > 0
+
+
 def test_budget_compiled_reserves_the_compiled_temp(h200, capsys):
     argv = ["budget", "tiny-hybrid", "--memory", "2GiB", "--target", "hopper", "--json", *ARGV]
     assert main([*argv, "--compiled"]) == 0
@@ -89,7 +104,6 @@ def test_budget_compiled_runs_a_moe_model(h200, capsys, monkeypatch):
     """`budget --compiled` (through `step_report`) on a MoE checkpoint: the qwen3_moe fixture's
     shapes from its safetensors headers, both steps compiled for an H200 without spills, the
     arena and caches aliased, the reserve the larger step temp."""
-    from pathlib import Path
 
     from jaxarena import step_report as sr
 

@@ -196,8 +196,7 @@ class Attention(Block):
         c, t = env.config, ctx.num_tokens
         hq, hkv, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         arena, qkv = linear(env.plan, arena, ctx.x, (t, c.hidden_size), p["wqkv"],
-                            workspaces.FP8_ACT_REGIONS, interpret=env.interpret,
-                            kernels=env.kernels)  # fmt: skip
+                            workspaces.FP8_ACT_REGIONS, **env.linear_kw)  # fmt: skip
         if self.qkv_bias:
             qkv = qkv + p["bqkv"].astype(F32)
         qkv = stored(qkv)  # as `qkv_output` would hold it; a GEMM output stays an XLA value
@@ -293,8 +292,7 @@ class Attention(Block):
         if gate is not None:
             src = stored(src * jax.nn.sigmoid(gate))
         arena, out = linear(env.plan, arena, src, (t, hq_d), p["wo"],
-                            workspaces.FP8_ACT_REGIONS, interpret=env.interpret,
-                            kernels=env.kernels)  # fmt: skip
+                            workspaces.FP8_ACT_REGIONS, **env.linear_kw)  # fmt: skip
         if self.o_bias:
             out = out + p["bo"].astype(F32)
         tabs = lora_tables(p, lora_slots)

@@ -49,6 +49,10 @@ class Env:
         than the devices (`config.n_groups` is then 1, the group replicated): the gated
         RMSNorm's group then spans `tp / tp_groups` devices and its sum of squares is
         all-reduced (`Mamba2`). None, or at least `tp`: every group lies on one device.
+      fp8_act_values: FP8 projections quantize their input activations as values (the
+        `fp8_block_quant` kernel's own outputs) instead of into the arena's FP8 regions
+        (`core.arena.linear`'s `act_values`): the decode step's choice, whose inputs are a
+        few rows (at most `max_batch_size`), so no arena slice is copied out for each GEMM.
     """
 
     config: ModelConfig
@@ -60,9 +64,17 @@ class Env:
     kernels: str = "pallas"
     tp_axis: str | None = None
     tp_groups: int | None = None
+    fp8_act_values: bool = False
 
     def __post_init__(self) -> None:
         check_kernels(self.kernels, "Env.kernels")
+
+    @property
+    def linear_kw(self) -> dict[str, Any]:
+        """The keyword arguments of `core.arena.linear` this environment sets: the Pallas
+        mode, the kernel backend and where FP8 activations are quantized."""
+        return {"interpret": self.interpret, "kernels": self.kernels,
+                "act_values": self.fp8_act_values}  # fmt: skip
 
 
 class StepContext(NamedTuple):

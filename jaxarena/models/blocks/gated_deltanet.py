@@ -143,10 +143,10 @@ class GatedDeltaNet(Block):
         """in_proj of the pre-normed rows `x`: returns `(arena, conv input [q | k | v], z,
         ba)`, the projections rounded as `ssm_qkvz` / `ssm_ba` store them; Qwen3-Next's
         reordered to `[q | k | v | z]` first."""
-        c, plan, it = env.config, env.plan, env.interpret
+        c, plan = env.config, env.plan
         regions = workspaces.FP8_ACT_REGIONS
         h = c.hidden_size
-        kw = dict(interpret=it, kernels=env.kernels, stored_out=True)
+        kw = dict(**env.linear_kw, stored_out=True)
         arena, qkvz = linear(plan, arena, x, (t, h), p["w_qkvz"], regions, **kw)
         arena, ba = linear(plan, arena, x, (t, h), p["w_ba"], regions, **kw)
         qkvz, ba = stored(qkvz), stored(ba)
@@ -183,7 +183,7 @@ class GatedDeltaNet(Block):
         y = rms_norm(o.reshape(t, nv, dv), p["gate_norm"].astype(F32), self.rms_eps)
         y = stored((y * jax.nn.silu(z.reshape(t, nv, dv))).reshape(t, nv * dv))
         return linear(env.plan, arena, y, (t, nv * dv), p["out_proj"],
-                      workspaces.FP8_ACT_REGIONS, interpret=env.interpret, kernels=env.kernels)  # fmt: skip
+                      workspaces.FP8_ACT_REGIONS, **env.linear_kw)  # fmt: skip
 
     # -- steps -------------------------------------------------------------------------------
 

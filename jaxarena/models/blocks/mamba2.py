@@ -107,7 +107,7 @@ class Mamba2(Block):
         # The GEMM writes the bf16 values `stored` rounds to (a float32 in_proj output is
         # `[T, in_proj width]`: 86 MB per 2048 tokens of mamba2-2.7b).
         arena, zx = linear(env.plan, arena, x, (t, c.hidden_size), p["in_proj"],
-                           workspaces.FP8_ACT_REGIONS, interpret=env.interpret, kernels=env.kernels,
+                           workspaces.FP8_ACT_REGIONS, **env.linear_kw,
                            stored_out=True)  # fmt: skip
         zx = stored(zx)
         d_in, d_xbc = c.mamba2_d_inner, c.mamba2_d_xbc
@@ -134,7 +134,7 @@ class Mamba2(Block):
             g = c.n_groups
             y = rms_norm(y.reshape(t, g, -1), p["gate_norm"].reshape(g, -1), self.rms_eps)
         return linear(env.plan, arena, stored(y.reshape(t, -1)), (t, c.mamba2_d_inner),
-                      p["out_proj"], workspaces.FP8_ACT_REGIONS, interpret=env.interpret, kernels=env.kernels)  # fmt: skip
+                      p["out_proj"], workspaces.FP8_ACT_REGIONS, **env.linear_kw)  # fmt: skip
 
     @staticmethod
     def _norm_span(env: Env) -> int:

@@ -213,19 +213,19 @@ class MLA(Block):
         """q and the raw latent of the pre-normed rows `ctx.x`, rounded as `qkv_output` stores
         them; returns `(arena, q [T, H, nope + rope] (RoPE applied), latent
         [T, kv_lora + rope] (normed c, RoPE'd key))`."""
-        c, t, plan, it, x = env.config, ctx.num_tokens, env.plan, env.interpret, ctx.x
+        c, t, plan, x = env.config, ctx.num_tokens, env.plan, ctx.x
         H, nope, rope, v, kv_lora, q_lora = mla_dims(c)
         h, regions = c.hidden_size, workspaces.FP8_ACT_REGIONS
         if q_lora:
-            arena, qa = linear(plan, arena, x, (t, h), p["wq_a"], regions, interpret=it, kernels=env.kernels)
+            arena, qa = linear(plan, arena, x, (t, h), p["wq_a"], regions, **env.linear_kw)
             qa = stored(rms_norm(qa, p["q_a_norm"], self.rms_eps))  # as `ssm_ba` holds it
             # The q latent (q_lora <= hidden in every release) fits the `fp8_act` buffers,
             # sized for the widest projection input.
             q_regions = fp8_regions(plan, t, q_lora, regions)
-            arena, q = linear(plan, arena, qa, (t, q_lora), p["wq_b"], q_regions, interpret=it, kernels=env.kernels)
+            arena, q = linear(plan, arena, qa, (t, q_lora), p["wq_b"], q_regions, **env.linear_kw)
         else:
-            arena, q = linear(plan, arena, x, (t, h), p["wq"], regions, interpret=it, kernels=env.kernels)
-        arena, kv = linear(plan, arena, x, (t, h), p["wkv_a"], regions, interpret=it, kernels=env.kernels)
+            arena, q = linear(plan, arena, x, (t, h), p["wq"], regions, **env.linear_kw)
+        arena, kv = linear(plan, arena, x, (t, h), p["wkv_a"], regions, **env.linear_kw)
         q, kv = stored(q), stored(kv)
         q = q.reshape(t, H, nope + rope)
         q = jnp.concatenate([q[..., :nope], self._rope(q[..., nope:], ctx.positions, rope)], -1)
@@ -262,7 +262,7 @@ class MLA(Block):
         """`o_proj` of the `[T, H, v]` rows, rounded as `attn_output` would store them."""
         t = o.shape[0]
         return linear(env.plan, arena, stored(o.reshape(t, -1)), (t, o.shape[1] * o.shape[2]),
-                      p["wo"], workspaces.FP8_ACT_REGIONS, interpret=env.interpret, kernels=env.kernels)  # fmt: skip
+                      p["wo"], workspaces.FP8_ACT_REGIONS, **env.linear_kw)  # fmt: skip
 
     # -- steps -------------------------------------------------------------------------------------
 

@@ -123,7 +123,7 @@ class MLP(StatelessBlock):
             # GEMM as the bf16 values `stored` would round it to, a bf16 [T, 2 inter] output,
             # not a float32 one twice the size (48 MiB at 2048 rows of Qwen3-0.6B).
             arena, gu = linear(plan, arena, x, (t, h), p["w_gate_up"], act_regions,
-                               quant=quant, interpret=it, kernels=env.kernels,
+                               quant=quant, **env.linear_kw,
                                split=tabs is None, stored_out=True)  # fmt: skip
             if tabs is not None:
                 # With LoRA, one [T, 2 inter] output that both deltas are added into in place
@@ -136,7 +136,7 @@ class MLP(StatelessBlock):
             act = stored(_GATES[self.act](stored(g)) * stored(u))
         else:
             arena, up = linear(plan, arena, x, (t, h), p["w_up"], act_regions, quant=quant,
-                               interpret=it, kernels=env.kernels)  # fmt: skip
+                               **env.linear_kw)  # fmt: skip
             if tabs is not None:
                 arena, (up,) = lora_add(plan, arena, (stored(up),), x, [[tabs["up_proj"]]],
                                         lora_slots, interpret=it)  # fmt: skip
@@ -145,7 +145,7 @@ class MLP(StatelessBlock):
         # intermediate size is not a multiple of 128: that projection reads its bf16 input.
         regions = ffn_down_regions(plan, t, inter)
         arena, down = linear(plan, arena, act, (t, inter), p["w_down"], regions, quant=quant,
-                             interpret=it, kernels=env.kernels, stored_out=True)  # fmt: skip
+                             **env.linear_kw, stored_out=True)  # fmt: skip
         if tabs is not None:
             arena, (down,) = lora_add(plan, arena, (stored(down),), act,
                                       [[tabs["down_proj"]]], lora_slots, interpret=it)  # fmt: skip

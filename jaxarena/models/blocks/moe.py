@@ -314,7 +314,7 @@ class MoE(StatelessBlock):
         """The shared expert on the block input `x`: `(arena, float32[T, hidden])`, rounded
         where `ssm_qkvz` (up, then the activation), `expert_gate_out` (gate) and
         `expert_down_out` (down) stored it."""
-        c, plan, it = env.config, env.plan, env.interpret
+        c, plan = env.config, env.plan
         h, si = c.hidden_size, c.shared_expert_intermediate_size
         act_regions = workspaces.FP8_ACT_REGIONS
         if self.act == "swiglu":
@@ -323,17 +323,17 @@ class MoE(StatelessBlock):
             # XLA's dot merger joins with the router's GEMM in decode (a bf16 one is not:
             # measured +1 GEMM launch per layer, DeepSeek-V2-Lite at batch 8).
             arena, gu = linear(plan, arena, x, (t, h), p["s_gate_up"], act_regions,
-                               interpret=it, kernels=env.kernels, split=True)  # fmt: skip
+                               **env.linear_kw, split=True)  # fmt: skip
             if len(gu) == 1:  # joined: the gate's columns, then the up's
                 half = gu[0].shape[1] // 2
                 gu = (gu[0][:, :half], gu[0][:, half:])
             g, u = gu
             a = jax.nn.silu(stored(g)) * stored(u)
         else:
-            arena, u = linear(plan, arena, x, (t, h), p["s_up"], act_regions, interpret=it, kernels=env.kernels)
+            arena, u = linear(plan, arena, x, (t, h), p["s_up"], act_regions, **env.linear_kw)
             a = jnp.square(jax.nn.relu(stored(u)))
         regions = ffn_down_regions(plan, t, si)
-        arena, y = linear(plan, arena, stored(a), (t, si), p["s_down"], regions, interpret=it, kernels=env.kernels)
+        arena, y = linear(plan, arena, stored(a), (t, si), p["s_down"], regions, **env.linear_kw)
         if self.shared_gate:
             y = y * jax.nn.sigmoid(x @ p["s_scale"].astype(F32))
         return arena, stored(y)
@@ -342,7 +342,7 @@ class MoE(StatelessBlock):
         """The block on its input `x` (the pre-normed rows, float32 bf16-rounded); returns
         `(arena, float32[T, hidden])`. The intermediates are XLA values rounded to bf16 where
         the seed's regions (module docstring) would have stored them."""
-        c, plan, it = env.config, env.plan, env.interpret
+        c, plan = env.config, env.plan
         h, e, k = c.hidden_size, c.num_experts, c.num_experts_per_tok
         d = c.moe_input_size
         # 1. router, in float32 (the input widened exactly, as `moe_router_in_f32` held it;
@@ -371,7 +371,7 @@ class MoE(StatelessBlock):
         src = xb
         if self.latent:  # 3. (`ssm_ba`)
             arena, lat = linear(plan, arena, x, (t, h), p["w_lat_in"],
-                                workspaces.FP8_ACT_REGIONS, interpret=it, kernels=env.kernels)  # fmt: skip
+                                workspaces.FP8_ACT_REGIONS, **env.linear_kw)  # fmt: skip
             src = stored(lat)
         # 4. gate / up (`expert_gate_out`, `expert_up_out`), activation (`expert_up_out`)
         w_in = p["w_gate_up"] if self.act == "swiglu" else p["w_up"]
@@ -386,7 +386,7 @@ class MoE(StatelessBlock):
         out = stored(combine(y, order, weights, F32))
         if self.latent:
             arena, out = linear(plan, arena, out, (t, d), p["w_lat_out"],
-                                workspaces.FP8_ACT_REGIONS, interpret=it, kernels=env.kernels)  # fmt: skip
+                                workspaces.FP8_ACT_REGIONS, **env.linear_kw)  # fmt: skip
             out = stored(out)
         if self.shared:  # 7. (`moe_output`)
             arena, y = self._shared(env, p, arena, x, t)

@@ -9,8 +9,8 @@ Linear layers. A weight is one of
 - a float array `[in, out]` (bf16 from a checkpoint, f32 for random weights): `x @ w`;
 - an FP8 weight `{"w": float8_e4m3fn[out, in], "scale_inv": float32[ceil(out/128),
   ceil(in/128)]}` (the Qwen3-FP8 / DeepSeek-V3 format): the input is quantized 1 x 128 by the
-  `fp8_block_quant` kernel into the arena's FP8 regions and multiplied block-scaled
-  (`fp8_block_matmul`);
+  `fp8_block_quant` kernel into the arena's FP8 regions (in decode as values: `linear`'s
+  `act_values`) and multiplied block-scaled (`fp8_block_matmul`);
 - a tuple of those (FP8 q/k/v; gate/up where `fuse_outputs` cannot join them into one
   weight): the outputs concatenated; the input is quantized once.
 """
@@ -26,7 +26,7 @@ import numpy as np
 
 from jaxarena import ArenaPlan, workspaces
 from jaxarena.models.core.xla_fp8 import fp8_block_matmul_xla, fp8_block_quant_xla
-from pallas_kernels import fp8_block_quant_into
+from pallas_kernels import fp8_block_quant, fp8_block_quant_into
 from pallas_kernels._args import resolve_interpret
 from pallas_kernels.grouped_gemm.ops import default_block_m, fp8_config, run_gemm
 
@@ -134,7 +134,8 @@ def fp8_block_matmul(xq: jax.Array, xs: jax.Array, w: dict[str, jax.Array], *,
     268 -> 239 launches. Qwen3-8B widths, 4 layers, FP8 weights: prefill 6.78 GB -> 386 MB,
     174 -> 130; decode 31.9 MB -> 0.93 MB, 189 -> 150. Of the launches left above the bf16
     step's, one copy per quantized input (its scales: the kernel's operands are slices of
-    the arena). A loop over the K blocks accumulating `[T, N]` in f32 was the other route:
+    the arena; the decode step now quantizes as values and copies none, `linear`'s
+    `act_values`). A loop over the K blocks accumulating `[T, N]` in f32 was the other route:
     2.5 GB and 14,547 launches at that prefill, 14.7 MB and 11,724 at that decode.
 
     Raises:
@@ -202,7 +203,7 @@ def _bf16_dot(x: jax.Array, w: jax.Array) -> jax.Array:
 def linear(plan: ArenaPlan, arena: jax.Array, src: Any, shape: tuple[int, int], w: Any,
            regions: tuple[str, ...] | None, *, quant: bool = False,
            interpret: bool | None = None, split: bool = False,
-           stored_out: bool = False,
+           stored_out: bool = False, act_values: bool = False,
            kernels: str = "pallas") -> tuple[jax.Array, Any]:  # fmt: skip
     """`x @ w` for `x` = region `src` (`shape = (T, K)`), or `src` itself when it is an
     array (a `stored` float32 value, not in the arena); see the module docstring.
@@ -224,6 +225,15 @@ def linear(plan: ArenaPlan, arena: jax.Array, src: Any, shape: tuple[int, int], 
     written (only this product reads them). A bf16 weight's product is a bf16 GEMM with a
     float32 output (`x` holds bf16 values, as above: the same products and f32 sums, no
     float32 copy of the weight).
+
+    `act_values` (the decode step, `Env.fp8_act_values`): the FP8 input is quantized by the
+    same kernel as values (`fp8_block_quant`, row-major scales), not into `regions`: the
+    GEMM reads the kernel's outputs, where an arena region would be copied out for it (a
+    GEMM cannot read a slice of the uint8 arena in place: two copies per quantized input).
+    The same numbers bit for bit (one kernel arithmetic, `fp8_block_quant.kernel`). The
+    values are `T x K` bytes and `T x ceil(K / 128)` scales, small at decode's few rows;
+    prefill keeps the regions, whose bytes the plan already holds. `regions` still decides
+    whether the input is quantized at all (None: it cannot be, see above).
     """
     t, k = shape
     parts = _parts(w)
@@ -232,6 +242,8 @@ def linear(plan: ArenaPlan, arena: jax.Array, src: Any, shape: tuple[int, int], 
         x = src.astype(BF16) if not isinstance(src, str) else plan.view(arena, src, shape, BF16)
         if kernels == "xla":
             q, s = fp8_block_quant_xla(x)
+        elif act_values:
+            q, s = fp8_block_quant(x, interpret=interpret)
         else:
             arena = fp8_block_quant_into(arena, plan, x, regions=regions, interpret=interpret)
             rows, nb = workspaces.fp8_rows(t), workspaces.fp8_scale_cols(k)
@@ -256,7 +268,7 @@ def linear(plan: ArenaPlan, arena: jax.Array, src: Any, shape: tuple[int, int], 
                 _bf16_dot(x, p) if kernels == "xla" and not is_fp8(p) and p.dtype == BF16 else
                 x @ (dequant_weight(p) if is_fp8(p) else p.astype(F32)) for p in parts]  # fmt: skip
     out = tuple(outs) if split else outs[0] if len(outs) == 1 else jnp.concatenate(outs, -1)
-    if isinstance(src, str) or fp8_in and kernels != "xla":
+    if isinstance(src, str) or fp8_in and kernels != "xla" and not act_values:
         # The product read arena bytes (the region, or the FP8 buffers just written): tie it
         # to the arena so that the next write waits for it. Without a data dependency (the
         # output is an XLA value, not stored back) XLA could schedule the write first and
