@@ -13,18 +13,18 @@ than `DEFAULT_PREFILL_CHUNK` = 2048 tokens in chunks; default limits but `max_ba
 `python tools/fit_step_temp.py`, which prints these rows and the fit):
 
     preset          T     prefill temp    decode temp (batch 64)
-    qwen3-8b        2048    185,610,256     10,528,272
-    qwen3-8b        8192    119,571,624
-    llama3.1-8b     2048    218,640,400     11,837,968
-    llama3.1-8b     8192    152,060,232
-    qwen3-32b       2048    336,607,760      6,603,280
-    qwen3-32b       8192    252,729,416
-    nemotron-h-8b   2048    331,374,616     13,260,304
-    nemotron-h-8b   8192    441,695,600
+    qwen3-8b        2048    219,165,224      2,640,152
+    qwen3-8b        8192    153,126,792
+    llama3.1-8b     2048    277,361,192      2,900,248
+    llama3.1-8b     8192    194,004,040
+    qwen3-32b       2048    441,465,896      4,620,568
+    qwen3-32b       8192    336,616,008
+    nemotron-h-8b   2048    331,375,144     13,261,336
+    nemotron-h-8b   8192    441,696,112
     mamba2-2.7b     2048    190,185,496      7,741,712
     mamba2-2.7b     8192    269,131,848
-    deepseek-v3     2048    831,386,328     20,400,856   (block-FP8 weights, as released)
-    deepseek-v3     8192    820,622,160
+    deepseek-v3     2048    831,386,840     20,416,472   (block-FP8 weights, as released)
+    deepseek-v3     8192    820,622,208
 
 Prefill. No T^2 term: the attention runs in the paged prefill kernel. And no growth past one
 chunk: a prefill of more than 2048 tokens runs as 2048-token passes through every layer
@@ -33,12 +33,16 @@ since a chunk keeps the residual stream materialised after each block), plus, fo
 the masked copy of one layer's states of every sequence a chunk's scan starts from
 (`(max_batch_size + 1) x` a layer's f32 state per sequence: 170 MB for mamba2-2.7b, 272 MB
 for nemotron-h-8b at 65 rows). What lives at a chunk's peak is a layer's token-parallel
-values: the MLP's `[T, intermediate]` GEMM outputs (gate and up: two bf16 buffers, 4 B per
-unit) and a few `[T, hidden]` rows. The 2048-token rows fitted to `T x (a x intermediate + b
-x hidden)` gave a = 4.48, b = 9.84 (last fit; this commit's rows moved by under 0.3%); rounded
-to a = `PREFILL_BYTES_PER_INTERMEDIATE` = 4.0 and b = `PREFILL_BYTES_PER_HIDDEN` = 12.5 the
-formula is at or above every dense compile (qwen3-8b +10.7%, llama3.1-8b +1.7%, qwen3-32b
-+1.2% at 2048 tokens; 1.35x-1.72x at 8192, where the chunks measure lower).
+values: the MLP's joined gate|up GEMM output (`[T, 2 intermediate]` bf16, 4 B per unit) and
+its activation (`[T, intermediate]` bf16, 2 B per unit: with gate and up one weight, one GEMM
+in decode, the activation can no longer take the gate's buffer, as it did when they were two
+outputs), and a few `[T, hidden]` rows. The 2048-token rows of qwen3-8b and llama3.1-8b differ
+by 13.9 B per unit of intermediate (XLA reuses buffers differently at the two widths), so no
+line fits them closely; a = `PREFILL_BYTES_PER_INTERMEDIATE` = 6.25 (the 6 B above and some)
+and b = `PREFILL_BYTES_PER_HIDDEN` = 11.25 put the formula at or above every dense compile
+(llama3.1-8b +0.2%, qwen3-32b +0.9%, qwen3-8b +14.8% at 2048 tokens; 1.32x-1.64x at 8192,
+where the chunks measure lower). Before the joined weight: a = 4.0, b = 12.5 (qwen3-8b
+185.6 MB, llama3.1-8b 218.6 MB, qwen3-32b 336.6 MB at 2048 tokens).
 
 Mamba-2 blocks hold more per token: per unit of the in_proj width, mamba2-2.7b (no
 attention, no MLP; 10,576) 8.78 B at 2048 tokens, nemotron-h-8b (Mamba, attention and MLP
@@ -58,9 +62,10 @@ their blocks run other kernels and may hold more.
 
 Decode. The temp is at most the bf16 logits of the batch, `B x vocab x 2` bytes, plus a few
 small buffers (`DECODE_FIXED`, 4 MiB: the argmax and indices, FP8 activations, Mamba conv
-windows): the logits are the step's output; what the compiles show (6.6 to 20.4 MB at batch
-64) sits at or below that bound (deepseek-v3: 20.7 MB bound, 20.4 measured; qwen3-32b 23.6
-bound, 6.6 measured), which is kept as the estimate. It matters little: prefill dominates at
+windows): the logits are the step's output; what the compiles show (2.6 to 20.4 MB at batch
+64) sits at or below that bound (deepseek-v3: 20.7 MB bound, 20.4 measured; qwen3-8b 23.6
+bound, 2.6 measured since issue 39's decode fusions, 10.5 before), which is kept as the
+estimate. It matters little: prefill dominates at
 any `max_batch_tokens` above ~100.
 
 The estimate is the larger of the two (both steps run in the same reserve), rounded up by
@@ -94,11 +99,11 @@ DEFAULT_PREFILL_CHUNK = 2048
 # The runtime's own share outside the plan and XLA's temp: the CUDA context, cuBLAS / cuDNN
 # workspaces, NCCL channel buffers. Not measurable without a GPU; kept from the old default.
 RUNTIME_RESERVE = GIB
-# Prefill temp per token: per unit of the MLP width and of the hidden size (the dense fit,
-# 4.48 and 9.84, rounded to cover every dense compile), per unit of a Mamba in_proj width
-# (9.88 the most measured, rounded up). See the module docstring.
-PREFILL_BYTES_PER_INTERMEDIATE = 4.0
-PREFILL_BYTES_PER_HIDDEN = 12.5
+# Prefill temp per token: per unit of the MLP width and of the hidden size (chosen to cover
+# every dense compile, the joined gate|up output and its activation 6 B per unit), per unit of
+# a Mamba in_proj width (8.78 the most measured, rounded up). See the module docstring.
+PREFILL_BYTES_PER_INTERMEDIATE = 6.25
+PREFILL_BYTES_PER_HIDDEN = 11.25
 MAMBA_BYTES_PER_WIDTH = 10.0
 # MLA prefill temp per token and per unit of `heads x (kv_lora + rope)`: the absorbed query's
 # float32 latent product and its bf16 `[q_lat | q_rope]` rows (6 B per unit; DeepSeek-V3
