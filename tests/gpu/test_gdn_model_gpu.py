@@ -73,9 +73,10 @@ def test_prefill_compiles_in_place():
 
 def test_decode_temp_does_not_grow_with_gdn_layers(tmp_path):
     """Each GDN layer's decode copies its conv window (`f32[B, kernel - 1, conv_dim]`) before
-    writing the shifted window over it; XLA hoisted every layer's copy to the step's start,
-    so the decode temp grew by one window per GDN layer (768 KiB each for Qwen3-Next at batch
-    8: 27 MiB over its 36 GDN layers). The Qwen3-Next preset's GDN widths (conv_dim 8192)
+    writing the shifted window over it; XLA sank every layer's update of the donated conv
+    cache to the step's end, each copy alive until then, so the decode temp grew by one
+    window per GDN layer (768 KiB each for Qwen3-Next at batch 8: 27 MiB over its 36 GDN
+    layers). The Qwen3-Next preset's GDN widths (conv_dim 8192)
     around small attention/MoE widths, at 4 and 8 layers (3 GDN + 1 attention per 4): going
     from 4 to 8 layers adds three GDN layers' windows if the copies are alive together, and
     must add less than ONE window (what else grows per layer is small at these widths)."""

@@ -217,27 +217,27 @@ class GatedDeltaNet(Block):
         """One conv tap and one delta-rule state update per sequence (cache rows `0..B-1`)."""
         p, bsz = params, ctx.num_tokens
         arena, x, z, ba = self._project(env, p, arena, ctx.x, bsz)
-        # The window below is copied (the barrier after the conv keeps that copy apart); tied
-        # to the arena as this layer's projection leaves it, the copy cannot start before the
-        # previous layer is done. Without this tie XLA hoisted every layer's copy to the
-        # step's start, all alive together: the decode temp grew by one window per GDN layer
-        # (Qwen3-Next at batch 8: 768 KiB each, 27 MiB at 48 layers; now flat in the layers,
-        # the same launches). Tied to `x` instead, the conv's `x * w[-1]` left its fusion.
-        arena, conv_in = jax.lax.optimization_barrier((arena, cache["conv"]))
-        w, prev = p["conv_w"].astype(F32), conv_in[:bsz]
+        w, prev = p["conv_w"].astype(F32), cache["conv"][:bsz]
         conv = jnp.einsum("bkd,kd->bd", prev, w[:-1]) + x * w[-1]
         # The conv reads the old window before the shifted window is written over it: without
         # the barrier XLA fuses both into one pass, which must first copy the (donated) conv
         # cache (f32[B, kk - 1, conv_dim] of temp per layer: 768 KiB for Qwen3-Next at B = 8);
         # with it, one more launch per layer.
         conv, prev = jax.lax.optimization_barrier((conv, prev))
-        conv_cache = conv_in.at[:bsz].set(jnp.concatenate([prev[:, 1:], x[:, None]], 1))
+        conv_cache = cache["conv"].at[:bsz].set(jnp.concatenate([prev[:, 1:], x[:, None]], 1))
         g, beta = self._gates(env, p, ba, bsz)
         q, k, v = self._split_conv(env, jax.nn.silu(conv))
         # Rows 0..B-1 of the (donated) state cache are updated in place.
         o, state = gdn_state_update(cache["state"], q, k, v, g, beta, use_qk_l2norm=True,
                                     interpret=env.interpret, kernels=env.kernels)  # fmt: skip
-        # No barrier: nothing here reads the arena (the FP8 products `linear` ties itself).
+        # No barrier on the arena: nothing here reads it (the FP8 products `linear` ties
+        # itself). The conv window's update is tied to the state update's output, which the
+        # rest of the layer reads: else XLA sank every layer's update of the (donated) conv
+        # cache to the step's end, each layer's window copy alive until then, and the decode
+        # temp grew by a window per GDN layer (Qwen3-Next at batch 64: 6 MiB each, 4.5 MiB per
+        # layer on one device, 3.4 at tp 4; now flat in the layers, 10.5 and 18.6 MiB at 8
+        # layers, the same launches on one device and 0.5 per layer fewer at tp 4).
+        conv_cache, o = jax.lax.optimization_barrier((conv_cache, o))
         cache = {"state": state, "conv": conv_cache}
         arena, out = self._out(env, p, arena, o.astype(F32), z, bsz)
         return arena, cache, out
