@@ -38,6 +38,15 @@ def _device_params(name: str, tp: int, rank: int, kind: str = "mlp"):
     return ckpt, cfg, blocks
 
 
+def _assert_gate_then_up(w, ckpt, prefix: str, hidden: int, inter: int, cols: slice) -> None:
+    """`w` (a joined bf16 weight `[hidden, 2 inter]`) is the checkpoint's `{prefix}.gate_proj`
+    columns `cols` then its `up_proj` columns `cols`, bit for bit."""
+    assert isinstance(w, np.ndarray) and w.shape == (hidden, 2 * inter)
+    for half, proj in ((w[:, :inter], "gate_proj"), (w[:, inter:], "up_proj")):
+        want = np.asarray(ckpt[f"{prefix}.{proj}.weight"])[cols].T  # [out, in] stored
+        np.testing.assert_array_equal(half.view(np.uint16), want.view(np.uint16))
+
+
 @pytest.mark.parametrize("name, tp", [("llama", 1), ("qwen3", 2), ("gemma2", 1)])
 def test_w_gate_up_is_the_checkpoints_gate_then_up(name, tp):
     for rank in range(tp):
@@ -46,11 +55,7 @@ def test_w_gate_up_is_the_checkpoints_gate_then_up(name, tp):
         cols = slice(rank * inter, (rank + 1) * inter)
         assert mlps and all("w_gate" not in p and "w_up" not in p for p, _, _ in mlps)
         for p, prefix, _ in mlps:
-            w = p["w_gate_up"]
-            assert isinstance(w, np.ndarray) and w.shape == (cfg.hidden_size, 2 * inter)
-            for half, proj in ((w[:, :inter], "gate_proj"), (w[:, inter:], "up_proj")):
-                want = np.asarray(ckpt[f"{prefix}.{proj}.weight"])[cols].T  # [out, in] stored
-                np.testing.assert_array_equal(half.view(np.uint16), want.view(np.uint16))
+            _assert_gate_then_up(p["w_gate_up"], ckpt, prefix, cfg.hidden_size, inter, cols)
 
 
 def test_fp8_w_gate_up_stacks_the_rows_and_the_block_scales():
@@ -58,14 +63,20 @@ def test_fp8_w_gate_up_stacks_the_rows_and_the_block_scales():
     inter = cfg.intermediate_size
     assert inter % 128 == 0 and mlps
     for p, prefix, _ in mlps:
-        w = p["w_gate_up"]
-        assert is_fp8(w) and w["w"].shape == (2 * inter, cfg.hidden_size)
-        for k, rows in (("w", inter), ("scale_inv", inter // 128)):
-            gate = np.asarray(ckpt[f"{prefix}.gate_proj.weight{'' if k == 'w' else '_' + k}"])
-            up = np.asarray(ckpt[f"{prefix}.up_proj.weight{'' if k == 'w' else '_' + k}"])
-            assert w[k].shape[0] == 2 * rows and w[k].dtype == gate.dtype
-            np.testing.assert_array_equal(w[k][:rows].view(np.uint8), gate.view(np.uint8))
-            np.testing.assert_array_equal(w[k][rows:].view(np.uint8), up.view(np.uint8))
+        _assert_fp8_gate_then_up(p["w_gate_up"], ckpt, prefix, cfg.hidden_size, inter)
+
+
+def _assert_fp8_gate_then_up(w, ckpt, prefix: str, hidden: int, inter: int) -> None:
+    """`w` (a joined FP8 weight) stacks `{prefix}.gate_proj`'s e4m3 rows and 128 x 128 scale
+    blocks, then `up_proj`'s, bit for bit."""
+    assert is_fp8(w) and w["w"].shape == (2 * inter, hidden)
+    for k, rows in (("w", inter), ("scale_inv", inter // 128)):
+        suffix = "" if k == "w" else "_" + k
+        gate = np.asarray(ckpt[f"{prefix}.gate_proj.weight{suffix}"])
+        up = np.asarray(ckpt[f"{prefix}.up_proj.weight{suffix}"])
+        assert w[k].shape[0] == 2 * rows and w[k].dtype == gate.dtype
+        np.testing.assert_array_equal(w[k][:rows].view(np.uint8), gate.view(np.uint8))
+        np.testing.assert_array_equal(w[k][rows:].view(np.uint8), up.view(np.uint8))
 
 
 def _fp8(out: int, inp: int, fill: int = 0) -> dict[str, np.ndarray]:
@@ -102,13 +113,9 @@ def test_shared_expert_s_gate_up_is_the_checkpoints_gate_then_up(name, tp):
         cols = slice(rank * si, (rank + 1) * si)
         assert moes and all("s_gate" not in p and "s_up" not in p for p, _, _ in moes)
         for p, prefix, block in moes:
-            w = p["s_gate_up"]
-            assert isinstance(w, np.ndarray) and w.shape == (cfg.hidden_size, 2 * si)
             assert ("s_scale" in p) == (name == "qwen3_next_moe")
-            for half, proj in ((w[:, :si], "gate_proj"), (w[:, si:], "up_proj")):
-                stored = ckpt[f"{prefix}.{block.shared}.{proj}.weight"]  # [out, in]
-                want = np.asarray(stored)[cols].T
-                np.testing.assert_array_equal(half.view(np.uint16), want.view(np.uint16))
+            _assert_gate_then_up(p["s_gate_up"], ckpt, f"{prefix}.{block.shared}",
+                                 cfg.hidden_size, si, cols)  # fmt: skip
 
 
 def test_fp8_shared_expert_stacks_the_rows_and_the_block_scales():
@@ -116,12 +123,5 @@ def test_fp8_shared_expert_stacks_the_rows_and_the_block_scales():
     si = cfg.shared_expert_intermediate_size
     assert si % 128 == 0 and moes
     for p, prefix, block in moes:
-        w = p["s_gate_up"]
-        assert is_fp8(w) and w["w"].shape == (2 * si, cfg.hidden_size)
-        for k, rows in (("w", si), ("scale_inv", si // 128)):
-            suffix = "" if k == "w" else "_" + k
-            gate = np.asarray(ckpt[f"{prefix}.{block.shared}.gate_proj.weight{suffix}"])
-            up = np.asarray(ckpt[f"{prefix}.{block.shared}.up_proj.weight{suffix}"])
-            assert w[k].shape[0] == 2 * rows and w[k].dtype == gate.dtype
-            np.testing.assert_array_equal(w[k][:rows].view(np.uint8), gate.view(np.uint8))
-            np.testing.assert_array_equal(w[k][rows:].view(np.uint8), up.view(np.uint8))
+        _assert_fp8_gate_then_up(p["s_gate_up"], ckpt, f"{prefix}.{block.shared}",
+                                 cfg.hidden_size, si)  # fmt: skip
