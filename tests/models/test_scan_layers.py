@@ -93,6 +93,14 @@ def test_scanned_steps_equal_unrolled(runs, name):
     period_elements = sum(x.size // repeats for x in jax.tree.leaves(sliced))
     extra = 6 * period_elements
     assert extra < lm.arena_bytes
+    # The Pallas interpreter (these CPU runs) copies the operands a kernel writes in place:
+    # the fused decode write (`pallas_kernels.qk_rope_kv_write`) aliases the run's stacked K/V
+    # caches, one layer's pages unrolled but every repetition's scanned, so the scanned step
+    # holds copies of them (mixtral: 186,192 B more than the unrolled step, its caches
+    # 81,920 B). Compiled for a GPU the kernel writes them in place and the scanned temp stays
+    # within one block's weights (tests/gpu/test_scan_layers_gpu.py); here at most two copies
+    # of the caches are allowed beside the sliced weights.
+    extra += 2 * lm.cache_bytes
     assert mem["temp"] <= base_mem["temp"] + extra
 
 
