@@ -38,7 +38,8 @@ def test_fused_decode_qkv_is_the_reference_of_the_exact_projection(hidden, split
     blk = Attention(qk_norm=True, rms_eps=1e-6, rope_theta=1e6)
     config = types.SimpleNamespace(num_attention_heads=HQ, num_key_value_heads=HKV,
                                    head_dim=D, hidden_size=hidden)  # fmt: skip
-    env = types.SimpleNamespace(config=config, kernels="pallas", interpret=True, plan=None)
+    env = types.SimpleNamespace(config=config, kernels="pallas", interpret=True, plan=None,
+                                linear_kw={"interpret": True, "kernels": "pallas"})  # fmt: skip
     ctx = StepContext(positions=jnp.asarray(POS), seq_ids=jnp.arange(t, dtype=jnp.int32),
                       block_tables=jnp.asarray(TABLES), x=jnp.asarray(x, jnp.float32))  # fmt: skip
     assert blk.fused_write_unsupported(env) is None
